@@ -1,0 +1,290 @@
+"""The built-in ``cpu`` backend: a byte-bounded LRU of host-memory buffers.
+
+* Bounded by ``max_bytes`` (live entries + recycled buffers never exceed it); the least
+  recently used entries are evicted to make room, never one that is being read or written.
+* Buffers are recycled by size, so steady-state stores do not allocate (fresh memory costs
+  page faults: ~2 GB/s here against ~11 GB/s for a copy into reused memory).
+* Pinned (page-locked) memory when CUDA is available (``pin_memory: auto``), pageable
+  otherwise: CPU-only torch raises on pinning.
+* Copies up to ``inline_copy_bytes`` run on the event loop (a thread hop would cost more
+  than the copy); larger ones run in a worker thread. The loop yields at least every
+  ``yield_every_bytes`` of inline copying so other tasks are never starved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..backend import BaseBackend, Capabilities
+from ..errors import BufferMismatchError, ConfigError
+from ..keys import CacheEngineKey, Namespace
+from ..options import build_options, option
+
+__all__ = ["CPUBackend", "CPUOptions"]
+
+log = logging.getLogger("lmcache_core.cpu")
+
+EvictionListener = Callable[[CacheEngineKey, torch.Tensor], None]
+
+
+@dataclass(frozen=True)
+class CPUOptions:
+    """Options of the ``cpu`` backend."""
+
+    max_bytes: int = option("1GiB", doc="Capacity in bytes (accepts '8GiB'); LRU eviction beyond it.",
+                            kind="bytes", minimum=1)
+    pin_memory: str = option("auto", doc="Page-locked buffers: auto (when CUDA is available), true, false.",
+                             choices=("auto", "true", "false"))
+    inline_copy_bytes: int = option("8MiB", doc="Copies up to this size run on the event loop; larger ones in a thread.",
+                                    kind="bytes")
+    yield_every_bytes: int = option("4MiB", doc="Yield to the event loop after this many bytes of inline copying.",
+                                    kind="bytes", minimum=1)
+
+
+class _Entry:
+    __slots__ = ("buf", "dtype", "nbytes", "shape", "stale", "users")
+
+    def __init__(self, buf: torch.Tensor, dtype: torch.dtype, shape: torch.Size) -> None:
+        self.buf = buf  # flat uint8
+        self.dtype = dtype
+        self.shape = shape
+        self.nbytes = buf.numel()
+        self.users = 0
+        self.stale = False
+
+    def view(self) -> torch.Tensor:
+        if self.nbytes == 0:
+            return torch.empty(self.shape, dtype=self.dtype)
+        return self.buf.view(self.dtype).view(self.shape)
+
+
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    flat = t.reshape(-1)
+    return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+
+
+class CPUBackend(BaseBackend):
+    """Host-memory LRU tier (backend name ``cpu``)."""
+
+    Options = CPUOptions
+    capabilities = Capabilities(bounded=True, zero_copy=False)
+
+    def __init__(self, options: Any = None, *, namespace: Namespace | None = None,
+                 name: str | None = None) -> None:
+        opts = build_options(CPUOptions, options)
+        super().__init__(opts, namespace=namespace, name=name or "cpu")
+        self.opts = opts
+        self.max_bytes = opts.max_bytes
+        self._entries: OrderedDict[CacheEngineKey, _Entry] = OrderedDict()
+        self._free: dict[int, list[torch.Tensor]] = {}
+        self._used = 0  # bytes held by live entries (stale ones included until released)
+        self._free_bytes = 0  # bytes held in recycle lists
+        self._reserved = 0  # bytes of buffers being filled by in-flight puts
+        self._since_yield = 0
+        self._pin = False
+        self._evictions = 0
+        self._evicted_bytes = 0
+        self._eviction_listener: EvictionListener | None = None
+
+    # ------------------------------------------------------------------ life cycle
+    async def _start(self) -> None:
+        want = self.opts.pin_memory
+        cuda = torch.cuda.is_available()
+        if want == "true" and not cuda:
+            raise ConfigError("pin_memory is true but CUDA is not available", "options.pin_memory")
+        self._pin = cuda and want != "false"
+
+    async def _close(self) -> None:
+        self._entries.clear()
+        self._free.clear()
+        self._used = self._free_bytes = self._reserved = 0
+
+    def set_eviction_listener(self, listener: EvictionListener | None) -> None:
+        """Call ``listener(key, tensor)`` before an entry is evicted for capacity.
+
+        The tensor is only valid during the call (copy it to keep it). Used by the
+        hierarchy for write-back.
+        """
+        self._eviction_listener = listener
+
+    # ------------------------------------------------------------------ memory
+    def _alloc(self, nbytes: int) -> torch.Tensor | None:
+        """A flat uint8 buffer of ``nbytes``, recycled when possible; ``None`` if no room."""
+        bucket = self._free.get(nbytes)
+        if bucket:
+            self._free_bytes -= nbytes
+            return bucket.pop()
+        while self._used + self._free_bytes + self._reserved + nbytes > self.max_bytes:
+            if self._free_bytes:
+                self._drop_free_buffer()
+                continue
+            if not self._evict_one():
+                return None
+            bucket = self._free.get(nbytes)
+            if bucket:
+                self._free_bytes -= nbytes
+                return bucket.pop()
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._pin)
+
+    def _drop_free_buffer(self) -> None:
+        size = next(iter(self._free))
+        bucket = self._free[size]
+        bucket.pop()
+        self._free_bytes -= size
+        if not bucket:
+            del self._free[size]
+
+    def _recycle(self, buf: torch.Tensor) -> None:
+        n = buf.numel()
+        if n == 0:
+            return
+        if self._used + self._free_bytes + self._reserved + n > self.max_bytes:
+            return  # let it go: keeping it would exceed the bound
+        self._free.setdefault(n, []).append(buf)
+        self._free_bytes += n
+
+    def _release(self, entry: _Entry) -> None:
+        """Entry no longer indexed: free its buffer once nobody reads it."""
+        entry.stale = True
+        if entry.users == 0:
+            self._used -= entry.nbytes
+            self._recycle(entry.buf)
+
+    def _evict_one(self) -> bool:
+        for key, entry in self._entries.items():
+            if entry.users == 0:
+                del self._entries[key]
+                if self._eviction_listener is not None:
+                    try:
+                        self._eviction_listener(key, entry.view())
+                    except Exception:  # a listener must never break eviction
+                        log.exception("eviction listener failed for %s", key)
+                self._evictions += 1
+                self._evicted_bytes += entry.nbytes
+                self._release(entry)
+                return True
+        return False
+
+    async def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        n = dst.numel()
+        if n > self.opts.inline_copy_bytes:
+            await asyncio.to_thread(dst.copy_, src)
+            return
+        self._since_yield += n
+        if self._since_yield >= self.opts.yield_every_bytes:
+            self._since_yield = 0
+            await asyncio.sleep(0)
+        dst.copy_(src)
+
+    # ------------------------------------------------------------------ operations
+    async def _contains(self, key: CacheEngineKey) -> bool:
+        return key in self._entries
+
+    async def _get(self, key: CacheEngineKey) -> torch.Tensor | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        out = torch.empty(entry.shape, dtype=entry.dtype)
+        await self._read(key, entry, out)
+        return out
+
+    async def _get_into(self, key: CacheEngineKey, out: torch.Tensor) -> bool:
+        entry = self._entries.get(key)
+        if entry is None:
+            return False
+        if out.dtype != entry.dtype or out.shape != entry.shape:
+            raise BufferMismatchError(
+                f"output tensor is {out.dtype}{list(out.shape)}, stored chunk is "
+                f"{entry.dtype}{list(entry.shape)}"
+            )
+        await self._read(key, entry, out)
+        return True
+
+    async def _read(self, key: CacheEngineKey, entry: _Entry, out: torch.Tensor) -> None:
+        self._entries.move_to_end(key)
+        entry.users += 1
+        try:
+            if entry.nbytes:
+                await self._copy(_flat_bytes(out), entry.buf)
+        finally:
+            entry.users -= 1
+            if entry.stale and entry.users == 0:
+                self._used -= entry.nbytes
+                self._recycle(entry.buf)
+
+    async def _put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
+        if value.device.type != "cpu":
+            value = value.to("cpu")
+            donate = True
+        nbytes = value.numel() * value.element_size()
+        if nbytes > self.max_bytes:
+            return False
+        if donate and value.is_contiguous() and (value.is_pinned() or not self._pin):
+            buf = _flat_bytes(value)
+            if not self._make_room(nbytes, exclude=key):
+                return False
+            self._install(key, _Entry(buf, value.dtype, value.shape))
+            return True
+        src = _flat_bytes(value.contiguous())
+        buf = self._alloc(nbytes)
+        if buf is None:
+            return False
+        self._reserved += nbytes
+        try:
+            await self._copy(buf, src)
+        except asyncio.CancelledError:
+            # A worker thread may still be writing into buf: never recycle it.
+            self._reserved -= nbytes
+            raise
+        except BaseException:
+            self._reserved -= nbytes
+            self._recycle(buf)
+            raise
+        self._reserved -= nbytes
+        self._install(key, _Entry(buf, value.dtype, value.shape))
+        return True
+
+    def _make_room(self, nbytes: int, exclude: CacheEngineKey) -> bool:
+        while self._used + self._free_bytes + self._reserved + nbytes > self.max_bytes:
+            if self._free_bytes:
+                self._drop_free_buffer()
+            elif not self._evict_one():
+                return False
+        return True
+
+    def _install(self, key: CacheEngineKey, entry: _Entry) -> None:
+        old = self._entries.pop(key, None)
+        self._entries[key] = entry
+        self._used += entry.nbytes
+        if old is not None:
+            self._release(old)
+
+    async def _remove(self, key: CacheEngineKey) -> bool:
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return False
+        self._release(entry)
+        return True
+
+    # ------------------------------------------------------------------ introspection
+    def _usage(self) -> dict[str, Any]:
+        return {
+            "entries": len(self._entries),
+            "used_bytes": self._used,
+            "recycled_bytes": self._free_bytes,
+            "max_bytes": self.max_bytes,
+            "evictions": self._evictions,
+            "evicted_bytes": self._evicted_bytes,
+            "pinned": self._pin,
+        }
+
+    def keys(self) -> list[CacheEngineKey]:
+        """Stored keys, least recently used first."""
+        return list(self._entries)

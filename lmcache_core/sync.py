@@ -1,0 +1,159 @@
+"""Calling async backends from synchronous code (vLLM's scheduler and worker threads).
+
+:class:`IOLoopThread` runs one asyncio event loop in a daemon thread; :class:`SyncBackend`
+wraps any :class:`~lmcache_core.StorageBackend` and runs each call as a coroutine on that
+loop, blocking the calling thread until it finishes. Calling a ``SyncBackend`` from inside
+its own loop would deadlock, so it raises instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from .backend import StorageBackend
+from .keys import CacheEngineKey
+
+__all__ = ["IOLoopThread", "SyncBackend"]
+
+T = TypeVar("T")
+
+
+class IOLoopThread:
+    """One asyncio event loop running in a daemon thread."""
+
+    def __init__(self, name: str = "lmcache-io") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        self._ready.wait()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self._ready.set)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()
+
+    @property
+    def thread_id(self) -> int | None:
+        return self._thread.ident
+
+    def in_loop_thread(self) -> bool:
+        return threading.get_ident() == self._thread.ident
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedule ``coro`` on the loop; return a thread-safe future."""
+        if self.loop.is_closed() or not self._thread.is_alive():
+            coro.close()
+            raise RuntimeError("the IO loop thread has stopped")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for its result (not from the loop thread)."""
+        if self.in_loop_thread():
+            coro.close()
+            raise RuntimeError(
+                "blocking call made from inside the lmcache IO loop; await the async API instead"
+            )
+        fut = self.submit(coro)
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise TimeoutError(f"lmcache IO call did not finish within {timeout} s") from None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the loop and join the thread. Idempotent."""
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            if not self.in_loop_thread():
+                self._thread.join(timeout)
+
+
+class SyncBackend:
+    """Blocking facade over an async backend, running every call on one IO thread.
+
+    ``SyncBackend(backend)`` owns a new :class:`IOLoopThread` (stopped by :meth:`close`);
+    pass ``loop_thread`` to share one. ``submit`` returns a future for callers that do not
+    want to block (saving KV in the background, for example).
+    """
+
+    def __init__(
+        self,
+        backend: StorageBackend,
+        loop_thread: IOLoopThread | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self.backend = backend
+        self._owns_loop = loop_thread is None
+        self.io = loop_thread or IOLoopThread()
+        self.timeout = timeout
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.io.run(coro, self.timeout)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedule any coroutine on the IO loop without waiting."""
+        return self.io.submit(coro)
+
+    def start(self) -> None:
+        self._run(self.backend.start())
+
+    def close(self) -> None:
+        """Close the backend and, when owned, stop the IO thread. Idempotent."""
+        if self.io.loop.is_closed() or not self.io._thread.is_alive():
+            return
+        try:
+            self._run(self.backend.close())
+        finally:
+            if self._owns_loop:
+                self.io.stop()
+
+    def __enter__(self) -> SyncBackend:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def contains(self, key: CacheEngineKey) -> bool:
+        return self._run(self.backend.contains(key))
+
+    def get(self, key: CacheEngineKey) -> torch.Tensor | None:
+        return self._run(self.backend.get(key))
+
+    def get_into(self, key: CacheEngineKey, out: torch.Tensor) -> bool:
+        return self._run(self.backend.get_into(key, out))
+
+    def put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool = False) -> bool:
+        return self._run(self.backend.put(key, value, donate))
+
+    def remove(self, key: CacheEngineKey) -> bool:
+        return self._run(self.backend.remove(key))
+
+    def batched_contains(self, keys: Sequence[CacheEngineKey]) -> list[bool]:
+        return self._run(self.backend.batched_contains(keys))
+
+    def batched_get(self, keys: Sequence[CacheEngineKey]) -> list[torch.Tensor | None]:
+        return self._run(self.backend.batched_get(keys))
+
+    def batched_get_into(
+        self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor]
+    ) -> list[bool]:
+        return self._run(self.backend.batched_get_into(keys, outs))
+
+    def batched_put(
+        self, keys: Sequence[CacheEngineKey], values: Sequence[torch.Tensor], donate: bool = False
+    ) -> list[bool]:
+        return self._run(self.backend.batched_put(keys, values, donate))
+
+    def stats(self) -> dict[str, Any]:
+        return self.backend.stats()

@@ -1,0 +1,353 @@
+"""Chunked token database: cut a prompt into chunks and give each a prefix-chained key.
+
+The chain is ``h_0 = H("lmcache-core/h0" || sha256(namespace JSON))`` and
+``h_i = H(h_{i-1} || u32le(n_tokens_i) || int32le(tokens_i) || extra_i)``, so a chunk's
+key depends on every token before it, on the namespace (model, layout, chunk size, ...)
+and on the chunk's extra keys (LoRA, multimodal hashes, cache salt, ...). ``H`` is one of:
+
+``xxh3_128`` (default)
+    fast, 128-bit, non-cryptographic; stable across processes, machines and versions.
+``sha256``
+    cryptographic, 256-bit keys.
+keyed BLAKE2b
+    used automatically when a secret ``hash_salt`` is given: only instances with the same
+    salt produce the same keys (for tiers shared between tenants). 128-bit for
+    ``xxh3_128``, 256-bit for ``sha256``.
+
+Python's ``hash()`` is never used, so keys are identical in every process whatever
+``PYTHONHASHSEED`` is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from xxhash import xxh3_128_digest
+
+from .errors import KeyFormatError
+from .keys import CacheEngineKey, Namespace
+
+__all__ = ["HASH_ALGORITHMS", "ChunkedTokenDatabase", "encode_extra_keys"]
+
+HASH_ALGORITHMS = ("xxh3_128", "sha256")
+
+ExtraKeys = Sequence[Any] | Callable[[int, int], Any] | None
+_U32 = struct.Struct("<I")
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def encode_extra_keys(value: Any) -> bytes:
+    """Canonical, unambiguous bytes for one chunk's extra keys.
+
+    Accepts ``None``, bools, ints, floats, str, bytes and (nested) lists/tuples of these;
+    dicts are encoded with sorted keys. Each item is type-tagged and length-prefixed, so
+    different values never encode the same.
+    """
+    if value is None:
+        return b""
+    out = bytearray()
+    _encode_into(value, out)
+    return bytes(out)
+
+
+def _encode_into(value: Any, out: bytearray) -> None:
+    if value is None:
+        out += b"N"
+    elif isinstance(value, bool):
+        out += b"T" if value else b"F"
+    elif isinstance(value, int):
+        raw = str(value).encode()
+        out += b"i" + _U32.pack(len(raw)) + raw
+    elif isinstance(value, float):
+        out += b"f" + struct.pack("<d", value)
+    elif isinstance(value, str):
+        raw = value.encode("utf-8")
+        out += b"s" + _U32.pack(len(raw)) + raw
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        out += b"b" + _U32.pack(len(raw)) + raw
+    elif isinstance(value, (list, tuple)):
+        out += b"l" + _U32.pack(len(value))
+        for item in value:
+            _encode_into(item, out)
+    elif isinstance(value, Mapping):
+        items = sorted((str(k), v) for k, v in value.items())
+        out += b"d" + _U32.pack(len(items))
+        for k, v in items:
+            _encode_into(k, out)
+            _encode_into(v, out)
+    else:
+        raise TypeError(f"cannot encode extra key of type {type(value).__name__}")
+
+
+class ChunkedTokenDatabase:
+    """Chunking and prefix-chained hashing of token sequences.
+
+    ``ChunkedTokenDatabase(chunk_size=8)`` works with every other argument defaulted. Keys
+    carry ``model_name``, ``world_size``, ``worker_id``, ``dtype`` and ``tags``; the
+    namespace (built from these arguments unless given) seeds the chain.
+
+    Parameters
+    ----------
+    chunk_size:
+        tokens per chunk (default 256, or the namespace's when one is given).
+    namespace:
+        identity of the stored bytes; its ``chunk_size``, ``hash_algorithm`` and
+        ``hash_salt_id`` must agree with the other arguments.
+    hash_algorithm:
+        ``"xxh3_128"`` (default) or ``"sha256"``.
+    hash_salt:
+        optional secret (bytes or str); makes ``H`` a keyed BLAKE2b.
+    save_unfull_chunk:
+        also emit the trailing chunk shorter than ``chunk_size``.
+    """
+
+    def __init__(
+        self,
+        chunk_size: int | None = None,
+        *,
+        namespace: Namespace | None = None,
+        model_name: str | None = None,
+        world_size: int = 1,
+        worker_id: int = 0,
+        dtype: str = "",
+        tags: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
+        hash_algorithm: str | None = None,
+        hash_salt: bytes | str | None = None,
+        save_unfull_chunk: bool = False,
+    ) -> None:
+        if chunk_size is None:
+            chunk_size = namespace.chunk_size if namespace is not None else 256
+        if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        if hash_algorithm is None:
+            hash_algorithm = namespace.hash_algorithm if namespace is not None else "xxh3_128"
+        if hash_algorithm not in HASH_ALGORITHMS:
+            raise ValueError(f"hash_algorithm {hash_algorithm!r} is not one of {HASH_ALGORITHMS}")
+        salt = hash_salt.encode("utf-8") if isinstance(hash_salt, str) else hash_salt
+        if salt is not None and len(salt) == 0:
+            raise ValueError("hash_salt must not be empty (pass None for no salt)")
+        salt_id = self.salt_id(salt) if salt else ""
+
+        if namespace is None:
+            namespace = Namespace(
+                model_name=model_name or "",
+                kv_dtype=dtype,
+                chunk_size=chunk_size,
+                hash_algorithm=hash_algorithm,
+                hash_salt_id=salt_id,
+            )
+        else:
+            for what, ours, theirs in (
+                ("chunk_size", chunk_size, namespace.chunk_size),
+                ("hash_algorithm", hash_algorithm, namespace.hash_algorithm),
+                ("hash_salt_id", salt_id, namespace.hash_salt_id),
+            ):
+                if ours != theirs:
+                    raise ValueError(f"{what} {ours!r} disagrees with the namespace's {theirs!r}")
+            if model_name is None:
+                model_name = namespace.model_name
+        self.namespace = namespace
+        self.chunk_size = chunk_size
+        self.hash_algorithm = hash_algorithm
+        self.save_unfull_chunk = save_unfull_chunk
+        probe = CacheEngineKey(model_name or "", world_size, worker_id, 0, dtype, tags)
+        self._base = probe._base
+        self._hash: Callable[[bytes], bytes]
+        if salt:
+            digest_size = 16 if hash_algorithm == "xxh3_128" else 32
+            key = hashlib.sha256(b"lmcache-core/salt-key\x00" + salt).digest()
+
+            def keyed(data: bytes) -> bytes:
+                return hashlib.blake2b(data, key=key, digest_size=digest_size).digest()
+
+            self._hash = keyed
+        else:
+            self._hash = xxh3_128_digest if hash_algorithm == "xxh3_128" else _sha256
+        ns_digest = hashlib.sha256(namespace.to_json().encode("utf-8")).digest()
+        self._h0 = self._hash(b"lmcache-core/h0\x00" + ns_digest)
+        self._full_header = _U32.pack(chunk_size)
+        self._full_bytes = 4 * chunk_size
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def salt_id(salt: bytes | str) -> str:
+        """A public, non-secret id of a salt (recorded in the namespace)."""
+        raw = salt.encode("utf-8") if isinstance(salt, str) else salt
+        return hashlib.sha256(b"lmcache-core/salt-id\x00" + raw).hexdigest()[:12]
+
+    @property
+    def key_base(self) -> tuple[str, int, int, str, tuple[tuple[str, str], ...]]:
+        """Identity fields shared by every key this database makes."""
+        return self._base
+
+    def make_key(self, chunk_hash: int) -> CacheEngineKey:
+        """A key of this database's model/worker/dtype with the given chunk hash."""
+        return CacheEngineKey._make(self._base, chunk_hash)
+
+    def for_worker(self, worker_id: int, world_size: int | None = None) -> ChunkedTokenDatabase:
+        """A shallow copy whose keys name another worker (same hashes)."""
+        other = object.__new__(ChunkedTokenDatabase)
+        other.__dict__.update(self.__dict__)
+        m, ws, _, dt, tags = self._base
+        other._base = CacheEngineKey(m, world_size or ws, worker_id, 0, dt, tags)._base
+        return other
+
+    # ------------------------------------------------------------------ tokens
+    def _token_bytes(self, tokens: Any) -> bytes | memoryview:
+        """int32 little-endian bytes of ``tokens`` (list, tuple, numpy array or torch tensor)."""
+        if isinstance(tokens, (list, tuple)):
+            try:
+                return memoryview(struct.pack(f"<{len(tokens)}i", *tokens))
+            except struct.error as exc:
+                raise ValueError(f"token ids must be ints in the int32 range: {exc}") from exc
+        if isinstance(tokens, np.ndarray):
+            arr = tokens
+        else:
+            try:
+                import torch
+            except ImportError:  # pragma: no cover - torch is a dependency
+                torch = None  # type: ignore[assignment]
+            if torch is not None and isinstance(tokens, torch.Tensor):
+                arr = tokens.detach().cpu().numpy()
+            else:
+                return self._token_bytes(list(tokens))
+        if arr.ndim != 1:
+            arr = arr.reshape(-1)
+        if arr.dtype.kind not in "iu":
+            raise ValueError(f"token ids must be integers, got dtype {arr.dtype}")
+        if arr.dtype == np.int32 or arr.dtype == np.uint32:
+            arr32 = arr
+        elif arr.dtype.itemsize < 4:
+            arr32 = arr.astype(np.int32)
+        else:
+            if arr.size and (int(arr.min()) < _INT32_MIN or int(arr.max()) > _INT32_MAX):
+                raise ValueError("token ids must be in the int32 range")
+            arr32 = arr.astype(np.int32)
+        if arr32.dtype.byteorder == ">":
+            arr32 = arr32.byteswap()
+        return memoryview(np.ascontiguousarray(arr32)).cast("B")
+
+    @staticmethod
+    def _prefix_len(mask: Any, n: int) -> int:
+        """Number of leading masked-out (already computed) tokens; they must be a prefix."""
+        m = np.asarray(mask.detach().cpu().numpy() if hasattr(mask, "detach") else mask, dtype=bool)
+        if m.shape != (n,):
+            raise ValueError(f"mask has shape {m.shape}, expected ({n},) to match the tokens")
+        k = int(n - m.sum())
+        if k and (m[:k].any() or not m[k:].all()):
+            raise ValueError("mask must be False on a prefix of the tokens and True after it")
+        return k
+
+    def process_tokens(
+        self,
+        tokens: Any,
+        mask: Any = None,
+        extra_keys: ExtraKeys = None,
+        *,
+        save_unfull_chunk: bool | None = None,
+    ) -> Iterator[tuple[int, int, CacheEngineKey]]:
+        """Yield ``(start, end, key)`` for each chunk of ``tokens``.
+
+        ``mask`` (optional, one bool per token): ``False`` marks already computed tokens;
+        they must form a prefix, and chunks lying entirely inside it are not yielded
+        (their hashes are still chained). ``extra_keys`` is a sequence with one entry per
+        chunk, or a callable ``(start, end) -> extra`` (see :func:`encode_extra_keys`).
+        The trailing partial chunk is yielded only with ``save_unfull_chunk``.
+        """
+        data = self._token_bytes(tokens)
+        n = len(data) // 4
+        skip = 0 if mask is None else self._prefix_len(mask, n)
+        unfull = self.save_unfull_chunk if save_unfull_chunk is None else save_unfull_chunk
+        cs = self.chunk_size
+        H = self._hash
+        make = CacheEngineKey._make
+        base = self._base
+        header = self._full_header
+        frombytes = int.from_bytes
+        p = self._h0
+        n_full = n // cs
+        stop = n if unfull else n_full * cs
+        if extra_keys is None:
+            fb = self._full_bytes
+            for i in range(n_full):
+                p = H(p + header + data[i * fb : (i + 1) * fb])
+                end = (i + 1) * cs
+                if end > skip:
+                    yield i * cs, end, make(base, frombytes(p, "big"))
+        else:
+            for i, start in enumerate(range(0, n_full * cs, cs)):
+                end = start + cs
+                extra = extra_keys(start, end) if callable(extra_keys) else extra_keys[i]
+                p = H(p + header + data[start * 4 : end * 4] + encode_extra_keys(extra))
+                if end > skip:
+                    yield start, end, make(base, frombytes(p, "big"))
+        if stop > n_full * cs:
+            start = n_full * cs
+            extra_b = b""
+            if extra_keys is not None:
+                extra = extra_keys(start, n) if callable(extra_keys) else extra_keys[n_full]
+                extra_b = encode_extra_keys(extra)
+            p = H(p + _U32.pack(n - start) + data[start * 4 : n * 4] + extra_b)
+            if n > skip:
+                yield start, n, make(base, frombytes(p, "big"))
+
+    def keys(self, tokens: Any, extra_keys: ExtraKeys = None) -> list[CacheEngineKey]:
+        """The keys of every (full) chunk of ``tokens``, in order."""
+        return [k for _, _, k in self.process_tokens(tokens, extra_keys=extra_keys)]
+
+    def num_chunks(self, num_tokens: int) -> int:
+        """How many chunks :meth:`process_tokens` yields for ``num_tokens`` tokens."""
+        full, rest = divmod(num_tokens, self.chunk_size)
+        return full + (1 if rest and self.save_unfull_chunk else 0)
+
+    # ------------------------------------------------------------------ block hashes
+    def keys_from_block_hashes(
+        self,
+        block_hashes: Sequence[bytes | int],
+        block_size: int,
+        extra_keys: ExtraKeys = None,
+    ) -> list[CacheEngineKey]:
+        """Chunk keys from block hashes an engine already computed (one per full block).
+
+        Only valid when those hashes are reproducible across processes (a cryptographic
+        algorithm, or a fixed seed); record the engine's algorithm in the namespace's
+        ``extra`` so keys made with different algorithms never mix. ``chunk_size`` must
+        be a multiple of ``block_size``; one key per full chunk.
+        """
+        if block_size < 1 or self.chunk_size % block_size:
+            raise ValueError(
+                f"chunk_size {self.chunk_size} must be a multiple of block_size {block_size}"
+            )
+        per = self.chunk_size // block_size
+        out: list[CacheEngineKey] = []
+        p = self._h0
+        for i in range(len(block_hashes) // per):
+            parts = [p, b"blk\x00", _U32.pack(per)]
+            for bh in block_hashes[i * per : (i + 1) * per]:
+                raw = bh if isinstance(bh, bytes) else _int_bytes(bh)
+                parts.append(_U32.pack(len(raw)))
+                parts.append(raw)
+            if extra_keys is not None:
+                start = i * self.chunk_size
+                extra = (
+                    extra_keys(start, start + self.chunk_size) if callable(extra_keys) else extra_keys[i]
+                )
+                parts.append(encode_extra_keys(extra))
+            p = self._hash(b"".join(parts))
+            out.append(CacheEngineKey._make(self._base, int.from_bytes(p, "big")))
+        return out
+
+
+def _int_bytes(value: int) -> bytes:
+    if not isinstance(value, int) or value < 0:
+        raise KeyFormatError(f"block hash must be bytes or a non-negative int, got {value!r}")
+    return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
