@@ -1,4 +1,8 @@
-"""Hook implementations of the built-in plugin (the ``cpu`` backend)."""
+"""Hook implementations of the built-in plugin ``lmcache-core`` (the ``cpu`` backend).
+
+It is registered by the loader through the same hooks as third-party plugins, before any
+of them, and cannot be disabled.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ if TYPE_CHECKING:
 
 @hookimpl
 def lmcache_register_backends(registry: BackendRegistry) -> None:
+    """Register the host-memory ``cpu`` backend (URL schemes ``cpu://`` and ``memory://``)."""
     registry.add(
         "lmcache_core.default_plugins.cpu:CPUBackend",
         name="cpu",

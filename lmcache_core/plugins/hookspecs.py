@@ -1,6 +1,10 @@
 """Hook specifications of lmcache-core plugins (pluggy project ``lmcache_core``).
 
-Hooks are synchronous and do no I/O: they only declare what a plugin provides.
+Hooks are synchronous and do no I/O: they only declare what a plugin provides. Every hook
+is documented, with its exact signature, in ``docs/plugins/hooks.md`` (a test checks it).
+
+A plugin module may declare ``LMCACHE_HOOKSPEC_VERSION = "1.0"``: when its major version
+differs from :data:`HOOKSPEC_VERSION`, the plugin is skipped with a message naming both.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ import pluggy
 
 if TYPE_CHECKING:
     from .registry import BackendRegistry
+
+__all__ = ["HOOKSPEC_VERSION", "PROJECT_NAME", "hookimpl", "hookspec", "lmcache_register_backends"]
 
 PROJECT_NAME = "lmcache_core"
 #: Version of the hook interface. Plugins built for another major version are skipped.

@@ -1,22 +1,90 @@
-"""Backend registry (minimal version; the plugin issue extends it)."""
+"""The backend registry: names and URL schemes to (lazily imported) backend classes.
+
+Plugins fill it from their ``lmcache_register_backends(registry)`` hook with
+``registry.add("package.module:Class", name=..., schemes=...)``; the class is imported on
+first use only, so listing plugins imports nothing heavy. A name registered twice raises
+(a silent backend swap is a data bug) unless ``override=True``. An unknown name raises an
+error that says what is registered and which ``pip install`` provides the name.
+"""
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import DuplicateBackendError, UnknownBackendError
+from ..errors import DuplicateBackendError, PluginError, UnknownBackendError
+
+if TYPE_CHECKING:
+    import pluggy
+
+    from .report import PluginInfo
+
+__all__ = [
+    "KNOWN_BACKENDS",
+    "KNOWN_SCHEMES",
+    "BackendLoadError",
+    "BackendRegistry",
+    "BackendSpec",
+    "get_registry",
+    "load_backend_class",
+]
 
 #: First-party backend names and the distribution that provides each.
-KNOWN_BACKENDS = {
+KNOWN_BACKENDS: dict[str, str] = {
     "cpu": "lmcache-core",
     "disk": "lmcache-backend-disk",
     "s3": "lmcache-backend-s3",
     "gds": "lmcache-backend-gds",
 }
+#: URL schemes of first-party backends and the backend name that handles each.
+KNOWN_SCHEMES: dict[str, str] = {
+    "cpu": "cpu",
+    "memory": "cpu",
+    "file": "disk",
+    "disk": "disk",
+    "s3": "s3",
+    "gds": "gds",
+}
+
+
+class BackendLoadError(PluginError, ImportError):
+    """A backend class could not be imported (``"pkg.mod:Class"`` does not resolve)."""
+
+
+def load_backend_class(target: str | type[Any]) -> type[Any]:
+    """Resolve ``"package.module:Class"`` (or a class, returned as is) to the class.
+
+    This is also the ``backend_class:`` escape hatch of the configuration, for backends
+    that are not packaged as plugins. Raises :class:`BackendLoadError` with the reason.
+    """
+    if isinstance(target, type):
+        return target
+    if not isinstance(target, str):
+        raise BackendLoadError(f"backend class must be a class or 'pkg.mod:Class', got {target!r}")
+    mod_name, sep, attr = target.strip().partition(":")
+    if not sep or not mod_name or not attr:
+        raise BackendLoadError(f"backend class {target!r} must look like 'package.module:Class'")
+    try:
+        obj: Any = importlib.import_module(mod_name)
+    except Exception as exc:
+        raise BackendLoadError(
+            f"cannot import module {mod_name!r} of backend class {target!r}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise BackendLoadError(
+                f"module {mod_name!r} has no attribute {attr!r} (backend class {target!r})"
+            ) from None
+    if not isinstance(obj, type):
+        raise BackendLoadError(f"{target!r} is a {type(obj).__name__}, not a class")
+    return obj
 
 
 @dataclass
@@ -30,30 +98,52 @@ class BackendSpec:
     provider: str = "unknown"
     _cls: type[Any] | None = field(default=None, repr=False)
 
+    @property
+    def target_text(self) -> str:
+        """``"package.module:Class"`` whether registered as a string or a class."""
+        if isinstance(self.target, str):
+            return self.target
+        return f"{self.target.__module__}:{self.target.__qualname__}"
+
     def load(self) -> type[Any]:
-        """Import (once) and return the backend class."""
+        """Import (once) and return the backend class.
+
+        Raises :class:`BackendLoadError` naming the backend, its provider and the reason.
+        """
         if self._cls is None:
-            if isinstance(self.target, str):
-                mod_name, _, attr = self.target.partition(":")
-                if not attr:
-                    raise ValueError(f"backend target {self.target!r} must look like 'pkg.mod:Class'")
-                obj: Any = importlib.import_module(mod_name)
-                for part in attr.split("."):
-                    obj = getattr(obj, part)
-                self._cls = obj
-            else:
-                self._cls = self.target
-        assert self._cls is not None
+            try:
+                self._cls = load_backend_class(self.target)
+            except BackendLoadError as exc:
+                raise BackendLoadError(
+                    f"backend {self.name!r} (registered by {self.provider!r}) cannot be "
+                    f"loaded: {exc}"
+                ) from exc
         return self._cls
+
+    def describe_options(self) -> list[dict[str, Any]]:
+        """The backend's options (name, type, default, doc, ...); imports the class."""
+        from .backend_options import describe_backend_options
+
+        return describe_backend_options(self.load())
 
 
 class BackendRegistry:
-    """Names (and URL schemes) to backend classes."""
+    """Names (and URL schemes) to backend classes.
+
+    ``plugins`` lists what plugin loading found (filled by
+    :func:`~lmcache_core.plugins.loader.load_plugins`); ``plugin_manager`` is its pluggy
+    manager.
+    """
 
     def __init__(self) -> None:
         self._specs: dict[str, BackendSpec] = {}
         self._schemes: dict[str, str] = {}
+        #: Provider recorded by :meth:`add` when ``provider=`` is not given (the loader
+        #: sets it to the plugin whose hook is running).
         self.current_provider = "unknown"
+        self.plugins: list[PluginInfo] = []
+        self.plugin_manager: pluggy.PluginManager | None = None
+        self._lock = threading.RLock()
 
     def add(
         self,
@@ -65,40 +155,113 @@ class BackendRegistry:
         override: bool = False,
         provider: str | None = None,
     ) -> None:
-        """Register ``target`` (a class or ``"pkg.mod:Class"``) under ``name``."""
-        prov = provider or self.current_provider
-        if name in self._specs and not override:
-            raise DuplicateBackendError(
-                f"backend {name!r} is registered twice: by {self._specs[name].provider!r} and by "
-                f"{prov!r}; pass override=True to replace it on purpose"
+        """Register ``target`` (a class or ``"pkg.mod:Class"``) under ``name``.
+
+        ``schemes`` are URL schemes the backend handles (``s3`` for ``s3://bucket``).
+        Registering a name or scheme that is already taken raises
+        :class:`~lmcache_core.errors.DuplicateBackendError` naming both providers, unless
+        ``override=True``.
+        """
+        if not isinstance(name, str) or not name or name != name.strip() or ":" in name:
+            raise PluginError(f"invalid backend name {name!r}")
+        if isinstance(target, str):
+            if ":" not in target:
+                raise PluginError(
+                    f"backend {name!r}: target {target!r} must look like 'pkg.mod:Class'"
+                )
+        elif not isinstance(target, type):
+            raise PluginError(
+                f"backend {name!r}: target must be a class or 'pkg.mod:Class', got {target!r}"
             )
-        self._specs[name] = BackendSpec(name, target, tuple(schemes), install_hint, prov)
-        for s in schemes:
-            self._schemes[s] = name
+        if isinstance(schemes, str):
+            schemes = (schemes,)
+        prov = provider or self.current_provider
+        with self._lock:
+            if not override:
+                if name in self._specs:
+                    raise DuplicateBackendError(
+                        f"backend {name!r} is registered twice: by {self._specs[name].provider!r} "
+                        f"and by {prov!r}; pass override=True to replace it on purpose"
+                    )
+                for s in schemes:
+                    owner = self._schemes.get(s)
+                    if owner is not None and owner != name:
+                        raise DuplicateBackendError(
+                            f"URL scheme {s!r} is registered twice: for backend {owner!r} by "
+                            f"{self._specs[owner].provider!r} and for backend {name!r} by "
+                            f"{prov!r}; pass override=True to replace it on purpose"
+                        )
+            old = self._specs.get(name)
+            if old is not None:
+                for s in old.schemes:
+                    if self._schemes.get(s) == name:
+                        del self._schemes[s]
+            self._specs[name] = BackendSpec(name, target, tuple(schemes), install_hint, prov)
+            for s in schemes:
+                self._schemes[s] = name
 
     def get(self, name: str) -> BackendSpec:
+        """The spec registered under ``name``; raises :class:`UnknownBackendError` if none."""
         try:
             return self._specs[name]
         except KeyError:
-            raise UnknownBackendError(self._unknown_message(name)) from None
+            raise UnknownBackendError(self.unknown_message(name)) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
 
     def for_scheme(self, scheme: str) -> BackendSpec:
+        """The spec of the backend that handles URL scheme ``scheme`` (``s3``, ``file``)."""
         if scheme in self._schemes:
             return self._specs[self._schemes[scheme]]
-        raise UnknownBackendError(f"no backend handles URL scheme {scheme!r}; registered schemes: "
-                                  f"{sorted(self._schemes)}")
+        msg = (
+            f"no backend handles URL scheme {scheme!r}; registered schemes: {sorted(self._schemes)}"
+        )
+        known = KNOWN_SCHEMES.get(scheme)
+        if known is not None:
+            msg += f"; `pip install {KNOWN_BACKENDS[known]}` provides it"
+            msg += self._plugin_note(KNOWN_BACKENDS[known])
+        raise UnknownBackendError(msg)
 
     def names(self) -> list[str]:
+        """Registered backend names, sorted."""
         return sorted(self._specs)
 
+    def schemes(self) -> dict[str, str]:
+        """URL scheme to backend name."""
+        return dict(sorted(self._schemes.items()))
+
     def specs(self) -> list[BackendSpec]:
+        """Registered specs, sorted by name."""
         return [self._specs[n] for n in self.names()]
 
-    def _unknown_message(self, name: str) -> str:
-        msg = f"unknown backend {name!r}; registered: {self.names()}"
-        if name in KNOWN_BACKENDS:
-            msg += f"; `pip install {KNOWN_BACKENDS[name]}` provides it"
+    def unknown_message(self, name: str) -> str:
+        """The error text for an unknown backend ``name``."""
+        msg = f"unknown backend {name!r}; registered: {', '.join(self.names()) or '(none)'}"
+        dist = KNOWN_BACKENDS.get(name)
+        if dist is not None:
+            msg += f"; `pip install {dist}` provides it"
+            msg += self._plugin_note(dist)
+        else:
+            close = difflib.get_close_matches(name, self.names(), n=1)
+            if close:
+                msg += f"; did you mean {close[0]!r}?"
         return msg
+
+    def _plugin_note(self, dist: str) -> str:
+        for info in self.plugins:
+            if dist in (info.name, info.distribution) and info.status != "ok":
+                return f" (it is installed but {info.status}: {info.error})"
+        return ""
+
+    # -- used by the loader to undo what a failing plugin registered
+    def _snapshot(self) -> tuple[dict[str, BackendSpec], dict[str, str]]:
+        with self._lock:
+            return dict(self._specs), dict(self._schemes)
+
+    def _restore(self, snap: tuple[dict[str, BackendSpec], dict[str, str]]) -> None:
+        with self._lock:
+            self._specs, self._schemes = dict(snap[0]), dict(snap[1])
 
 
 _lock = threading.Lock()
@@ -106,7 +269,11 @@ _registry: BackendRegistry | None = None
 
 
 def get_registry(*, reload: bool = False) -> BackendRegistry:
-    """The process-wide registry, with every plugin loaded (once)."""
+    """The process-wide registry, with every plugin loaded (once; ``reload=True`` redoes it).
+
+    Loading follows the ``LMCACHE_CORE_*_PLUGINS`` environment variables (see
+    :mod:`lmcache_core.plugins.settings`).
+    """
     global _registry
     with _lock:
         if _registry is None or reload:

@@ -1,0 +1,137 @@
+"""The ``lmcache-core`` command: a thin dispatcher over subcommand modules.
+
+Each module in :data:`COMMAND_MODULES` exposes ``register(subparsers)``, which adds its
+subcommands with ``parser.set_defaults(func=handler)``; ``handler(args) -> int`` returns
+the exit status. A module that is not there is skipped silently; one that fails to import
+is skipped with a note on stderr, so a broken subcommand never takes the others down.
+
+Shared output helpers (:func:`add_output_flags`, :func:`wants_json`, :func:`print_json`,
+:func:`format_table`) keep every subcommand's output alike: a table on a terminal, JSON
+when stdout is not a terminal or with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = [
+    "COMMAND_MODULES",
+    "add_output_flags",
+    "build_parser",
+    "format_table",
+    "main",
+    "print_json",
+    "wants_json",
+]
+
+COMMAND_MODULES = [
+    "lmcache_core.cli_plugins",
+    "lmcache_core.cli_config",
+    "lmcache_core.cli_inspect",
+    "lmcache_core.cli_maint",
+]
+
+
+def _import_command_module(name: str) -> Any | None:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name == name:
+            return None  # not written (or not shipped): skip silently
+        print(f"lmcache-core: commands of {name} unavailable: {exc}", file=sys.stderr)
+    except Exception as exc:
+        print(
+            f"lmcache-core: commands of {name} unavailable: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
+    return None
+
+
+def _version() -> str:
+    from .plugins.compat import core_version
+
+    return core_version()
+
+
+def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentParser:
+    """The argument parser with the subcommands of every importable module in ``modules``."""
+    parser = argparse.ArgumentParser(
+        prog="lmcache-core",
+        description="Tiered KV-cache storage for LLM serving: plugins, backends, tiers, data.",
+    )
+    parser.add_argument("--version", action="version", version=f"lmcache-core {_version()}")
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for name in modules:
+        module = _import_command_module(name)
+        if module is None:
+            continue
+        register: Callable[[Any], None] | None = getattr(module, "register", None)
+        if register is None:
+            print(f"lmcache-core: {name} has no register(subparsers)", file=sys.stderr)
+            continue
+        register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``lmcache-core`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `lmcache-core plugins | head`: stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+# --------------------------------------------------------------------------- output helpers
+def add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """``--json`` / ``--table``: force one output form (default: table on a terminal)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--json", dest="output", action="store_const", const="json", help="print JSON"
+    )
+    group.add_argument(
+        "--table", dest="output", action="store_const", const="table", help="print a table"
+    )
+    parser.set_defaults(output=None)
+
+
+def wants_json(args: argparse.Namespace) -> bool:
+    """JSON when asked for, or when stdout is not a terminal and no table was asked for."""
+    output = getattr(args, "output", None)
+    if output is not None:
+        return bool(output == "json")
+    return not sys.stdout.isatty()
+
+
+def print_json(data: Any) -> None:
+    """Print ``data`` as indented JSON (non-JSON values as their ``str``)."""
+    print(json.dumps(data, indent=2, default=str))
+
+
+def format_table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    """Left-aligned columns separated by two spaces; ``None`` shows as ``-``."""
+    cells = [[str(h) for h in header]]
+    cells += [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
