@@ -80,10 +80,12 @@ class _Loader:
         self.infos: list[PluginInfo] = []
 
     # ------------------------------------------------------------------ reporting
-    def fail(self, info: PluginInfo, status: PluginStatus, error: str) -> None:
+    def fail(
+        self, info: PluginInfo, status: PluginStatus, error: str, cause: BaseException | None = None
+    ) -> None:
         info.status, info.error = status, error
         if self.settings.strict:
-            raise PluginLoadError(info)
+            raise PluginLoadError(info) from cause
         log.warning("lmcache-core plugin %s skipped (%s): %s", info.describe(), status, error)
 
     def drop(self, info: PluginInfo) -> None:
@@ -116,7 +118,7 @@ class _Loader:
         try:
             plugin = ep.load()
         except Exception as exc:
-            self.fail(info, "failed", f"import of {ep.value!r} failed: {_error_text(exc)}")
+            self.fail(info, "failed", f"import of {ep.value!r} failed: {_error_text(exc)}", exc)
             return None
         problem = hookspec_problem(getattr(plugin, "LMCACHE_HOOKSPEC_VERSION", None))
         if problem is not None:
@@ -133,7 +135,7 @@ class _Loader:
             self.pm.check_pending()
         except Exception as exc:
             self.drop(info)
-            self.fail(info, "failed", f"invalid plugin: {_error_text(exc)}")
+            self.fail(info, "failed", f"invalid plugin: {_error_text(exc)}", exc)
             return False
         return True
 
@@ -156,7 +158,7 @@ class _Loader:
         except Exception as exc:
             self.registry._restore(snapshot)
             self.drop(info)
-            self.fail(info, "failed", f"hook raised {_error_text(exc)}")
+            self.fail(info, "failed", f"hook raised {_error_text(exc)}", exc)
 
 
 def load_plugins(
