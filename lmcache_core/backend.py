@@ -30,6 +30,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import torch
@@ -175,7 +176,9 @@ class BaseBackend:
         if self._state != "started":
             if self._state == "closed":
                 raise BackendClosedError(f"backend {self.name!r} is closed")
-            raise BackendNotStartedError(f"backend {self.name!r} is not started: await start() first")
+            raise BackendNotStartedError(
+                f"backend {self.name!r} is not started: await start() first"
+            )
 
     # ------------------------------------------------------------------ single ops
     async def contains(self, key: CacheEngineKey) -> bool:
@@ -330,16 +333,16 @@ class BaseBackend:
         return True
 
     async def _batched_contains(self, keys: Sequence[CacheEngineKey]) -> list[bool]:
-        return await self._bounded([lambda k=k: self._contains(k) for k in keys])
+        return await self._bounded([partial(self._contains, k) for k in keys])
 
     async def _batched_get(self, keys: Sequence[CacheEngineKey]) -> list[torch.Tensor | None]:
-        return await self._bounded([lambda k=k: self._get(k) for k in keys])
+        return await self._bounded([partial(self._get, k) for k in keys])
 
     async def _batched_get_into(
         self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor]
     ) -> list[bool]:
         return await self._bounded(
-            [lambda k=k, o=o: self._get_into(k, o) for k, o in zip(keys, outs, strict=True)]
+            [partial(self._get_into, k, o) for k, o in zip(keys, outs, strict=True)]
         )
 
     async def _batched_put(
@@ -349,7 +352,7 @@ class BaseBackend:
         if len(set(keys)) != len(keys):
             return [await self._put(k, v, donate) for k, v in zip(keys, values, strict=True)]
         return await self._bounded(
-            [lambda k=k, v=v: self._put(k, v, donate) for k, v in zip(keys, values, strict=True)]
+            [partial(self._put, k, v, donate) for k, v in zip(keys, values, strict=True)]
         )
 
     async def _bounded(self, thunks: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:

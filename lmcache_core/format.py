@@ -71,8 +71,13 @@ _TORCH_TO_ST: dict[torch.dtype, str] = {
     torch.uint8: "U8",
     torch.bool: "BOOL",
 }
-for _name, _st in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"),
-                   ("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64")):
+for _name, _st in (
+    ("float8_e4m3fn", "F8_E4M3"),
+    ("float8_e5m2", "F8_E5M2"),
+    ("uint16", "U16"),
+    ("uint32", "U32"),
+    ("uint64", "U64"),
+):
     if hasattr(torch, _name):
         _TORCH_TO_ST[getattr(torch, _name)] = _st
 _ST_TO_TORCH = {v: k for k, v in _TORCH_TO_ST.items()}
@@ -108,7 +113,7 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     flat = tensor.reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+    return flat.view(torch.uint8).numpy().data.cast("B")
 
 
 def checksum(data: Any) -> str:
@@ -242,7 +247,9 @@ def decode_header(buf: Any, total_size: int | None = None) -> ObjectHeader:
         if not isinstance(meta.get(field), str):
             raise FormatError(f"header metadata lacks {field!r}")
     if total_size is not None and total_size != offset + nbytes:
-        raise FormatError(f"object is {total_size} bytes, header implies {offset + nbytes} (truncated?)")
+        raise FormatError(
+            f"object is {total_size} bytes, header implies {offset + nbytes} (truncated?)"
+        )
     return ObjectHeader(
         key=meta["key"],
         namespace=meta["namespace"],
@@ -273,7 +280,9 @@ def check_identity(
 ) -> None:
     """Raise :class:`FormatError` when the object belongs to another key or namespace."""
     if expected_key is not None:
-        want = expected_key.to_string() if isinstance(expected_key, CacheEngineKey) else expected_key
+        want = (
+            expected_key.to_string() if isinstance(expected_key, CacheEngineKey) else expected_key
+        )
         if header.key != want:
             raise FormatError("object belongs to another key")
     if expected_namespace is not None:

@@ -53,7 +53,9 @@ def escape_part(text: str) -> str:
 def unescape_part(text: str, what: str = "part") -> str:
     """Invert :func:`escape_part`; raise :class:`KeyFormatError` on a bad or non-canonical escape."""
     if _BAD_PERCENT.search(text):
-        raise KeyFormatError(f"{what} {text!r}: '%' must start an escape of two upper-case hex digits")
+        raise KeyFormatError(
+            f"{what} {text!r}: '%' must start an escape of two upper-case hex digits"
+        )
 
     def dec(m: re.Match[str]) -> str:
         raw = bytes.fromhex(m.group(0).replace("%", ""))
@@ -78,7 +80,9 @@ def _check_text(value: Any, what: str) -> str:
     return value
 
 
-def _normalize_tags(tags: Mapping[str, str] | Iterable[tuple[str, str]] | None) -> tuple[tuple[str, str], ...]:
+def _normalize_tags(
+    tags: Mapping[str, str] | Iterable[tuple[str, str]] | None,
+) -> tuple[tuple[str, str], ...]:
     if not tags:
         return ()
     items = list(tags.items()) if isinstance(tags, Mapping) else [tuple(t) for t in tags]
@@ -141,7 +145,9 @@ class CacheEngineKey:
                 raise KeyFormatError(f"chunk_hash has {len(raw)} bytes, at most 32 allowed")
             chunk_hash = int.from_bytes(raw, "big")
         if not isinstance(chunk_hash, int) or isinstance(chunk_hash, bool):
-            raise KeyFormatError(f"chunk_hash must be an int or bytes, got {type(chunk_hash).__name__}")
+            raise KeyFormatError(
+                f"chunk_hash must be an int or bytes, got {type(chunk_hash).__name__}"
+            )
         if not 0 <= chunk_hash < _MAX_HASH:
             raise KeyFormatError("chunk_hash must be in [0, 2**256)")
         base = (model_name, world_size, worker_id, dtype, _normalize_tags(tags))
@@ -232,8 +238,15 @@ class CacheEngineKey:
     def with_worker(self, worker_id: int, world_size: int | None = None) -> CacheEngineKey:
         """The same chunk as seen by another worker (tensor-parallel rank)."""
         m, ws, _, dt, tags = self._base
-        return CacheEngineKey(m, ws if world_size is None else world_size, worker_id,
-                              self._chunk_hash, dt, tags, self._request_configs)
+        return CacheEngineKey(
+            m,
+            ws if world_size is None else world_size,
+            worker_id,
+            self._chunk_hash,
+            dt,
+            tags,
+            self._request_configs,
+        )
 
     # -- string and path forms --------------------------------------------------------
     def to_string(self) -> str:
@@ -246,7 +259,9 @@ class CacheEngineKey:
     __str__ = to_string
 
     @classmethod
-    def from_string(cls, text: str, request_configs: Mapping[str, Any] | None = None) -> CacheEngineKey:
+    def from_string(
+        cls, text: str, request_configs: Mapping[str, Any] | None = None
+    ) -> CacheEngineKey:
         """Parse :meth:`to_string` output; raise :class:`KeyFormatError` naming the bad part."""
         if not isinstance(text, str):
             raise KeyFormatError(f"key string must be a str, got {type(text).__name__}")
@@ -260,7 +275,9 @@ class CacheEngineKey:
         ints = []
         for name, raw in (("world_size", parts[1]), ("worker_id", parts[2])):
             if not _DECIMAL.fullmatch(raw):
-                raise KeyFormatError(f"{name} part {raw!r} of key string is not a canonical decimal integer")
+                raise KeyFormatError(
+                    f"{name} part {raw!r} of key string is not a canonical decimal integer"
+                )
             ints.append(int(raw))
         if not _HEX.fullmatch(parts[3]):
             raise KeyFormatError(
@@ -293,10 +310,11 @@ class CacheEngineKey:
 
 
 _new = object.__new__
-_set_base = CacheEngineKey._base.__set__  # type: ignore[attr-defined]
-_set_chunk_hash = CacheEngineKey._chunk_hash.__set__  # type: ignore[attr-defined]
-_set_request_configs = CacheEngineKey._request_configs.__set__  # type: ignore[attr-defined]
-_set_hash = CacheEngineKey._hash.__set__  # type: ignore[attr-defined]
+# Slot descriptors' setters: the only way to fill an immutable key (fast, no validation).
+_set_base: Any = CacheEngineKey.__dict__["_base"].__set__
+_set_chunk_hash: Any = CacheEngineKey.__dict__["_chunk_hash"].__set__
+_set_request_configs: Any = CacheEngineKey.__dict__["_request_configs"].__set__
+_set_hash: Any = CacheEngineKey.__dict__["_hash"].__set__
 
 
 def _rebuild_key(
@@ -331,8 +349,15 @@ class Namespace:
     extra: tuple[tuple[str, str], ...] = field(default=())
 
     def __post_init__(self) -> None:
-        for name in ("model_name", "model_revision", "kv_layout", "kv_dtype", "hash_algorithm",
-                     "hash_salt_id", "codec"):
+        for name in (
+            "model_name",
+            "model_revision",
+            "kv_layout",
+            "kv_dtype",
+            "hash_algorithm",
+            "hash_salt_id",
+            "codec",
+        ):
             if not isinstance(getattr(self, name), str):
                 raise KeyFormatError(f"Namespace.{name} must be a str")
         for name in ("block_size", "chunk_size", "format_version"):

@@ -49,10 +49,16 @@ def option(
         raise TypeError(f"unknown option kind {kind!r}")
     if kind == "bytes" and isinstance(default, str):
         default = parse_bytes(default)
-    meta = {"doc": doc, "kind": kind, "choices": tuple(choices) if choices else None,
-            "minimum": minimum, "maximum": maximum, "nullable": nullable or default is None}
+    meta = {
+        "doc": doc,
+        "kind": kind,
+        "choices": tuple(choices) if choices else None,
+        "minimum": minimum,
+        "maximum": maximum,
+        "nullable": nullable or default is None,
+    }
     if isinstance(default, (dict, list)):
-        factory = (lambda d=default: type(d)(d))  # noqa: E731
+        factory = lambda d=default: type(d)(d)  # noqa: E731
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
@@ -70,7 +76,16 @@ def _coerce(name: str, value: Any, meta: Mapping[str, Any], path: str) -> Any:
         elif kind == "bool":
             if isinstance(value, bool):
                 out = value
-            elif isinstance(value, str) and value.lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+            elif isinstance(value, str) and value.lower() in (
+                "true",
+                "yes",
+                "on",
+                "1",
+                "false",
+                "no",
+                "off",
+                "0",
+            ):
                 out = value.lower() in ("true", "yes", "on", "1")
             else:
                 raise ConfigError(f"expected true or false, got {value!r}", where)
@@ -163,16 +178,20 @@ def describe_options(cls: type[Any]) -> list[dict[str, Any]]:
         elif f.default is not dataclasses.MISSING:
             default = f.default
         else:
-            default = f.default_factory()  # type: ignore[misc]
+            default = f.default_factory()  # type: ignore[misc,operator]
         kind = meta.get("kind", "str")
         shown = format_bytes(default) if kind == "bytes" and isinstance(default, int) else default
-        out.append({
-            "name": f.name,
-            "type": kind,
-            "default": default,
-            "default_text": "(required)" if required else ("" if default is None else str(shown)),
-            "required": required,
-            "doc": meta.get("doc", ""),
-            "choices": list(meta["choices"]) if meta.get("choices") else None,
-        })
+        out.append(
+            {
+                "name": f.name,
+                "type": kind,
+                "default": default,
+                "default_text": "(required)"
+                if required
+                else ("" if default is None else str(shown)),
+                "required": required,
+                "doc": meta.get("doc", ""),
+                "choices": list(meta["choices"]) if meta.get("choices") else None,
+            }
+        )
     return out

@@ -50,7 +50,9 @@ def parse_bytes(value: int | float | str) -> int:
     number, unit = m.group(1), m.group(2).lower()
     if unit not in _UNITS:
         known = ", ".join(u for u in ("KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB", "TB"))
-        raise SizeFormatError(f"unknown unit {m.group(2)!r} in byte size {value!r} (known: {known})")
+        raise SizeFormatError(
+            f"unknown unit {m.group(2)!r} in byte size {value!r} (known: {known})"
+        )
     return int(float(number) * _UNITS[unit])
 
 

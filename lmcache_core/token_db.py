@@ -234,7 +234,7 @@ class ChunkedTokenDatabase:
             arr32 = arr.astype(np.int32)
         if arr32.dtype.byteorder == ">":
             arr32 = arr32.byteswap()
-        return memoryview(np.ascontiguousarray(arr32)).cast("B")
+        return np.ascontiguousarray(arr32).data.cast("B")
 
     @staticmethod
     def _prefix_len(mask: Any, n: int) -> int:
@@ -339,7 +339,9 @@ class ChunkedTokenDatabase:
             if extra_keys is not None:
                 start = i * self.chunk_size
                 extra = (
-                    extra_keys(start, start + self.chunk_size) if callable(extra_keys) else extra_keys[i]
+                    extra_keys(start, start + self.chunk_size)
+                    if callable(extra_keys)
+                    else extra_keys[i]
                 )
                 parts.append(encode_extra_keys(extra))
             p = self._hash(b"".join(parts))

@@ -25,6 +25,7 @@ import torch
 from ..backend import BaseBackend, Capabilities
 from ..errors import BufferMismatchError, ConfigError
 from ..keys import CacheEngineKey, Namespace
+from ..memory import copy_into
 from ..options import build_options, option
 
 __all__ = ["CPUBackend", "CPUOptions"]
@@ -38,14 +39,28 @@ EvictionListener = Callable[[CacheEngineKey, torch.Tensor], None]
 class CPUOptions:
     """Options of the ``cpu`` backend."""
 
-    max_bytes: int = option("1GiB", doc="Capacity in bytes (accepts '8GiB'); LRU eviction beyond it.",
-                            kind="bytes", minimum=1)
-    pin_memory: str = option("auto", doc="Page-locked buffers: auto (when CUDA is available), true, false.",
-                             choices=("auto", "true", "false"))
-    inline_copy_bytes: int = option("8MiB", doc="Copies up to this size run on the event loop; larger ones in a thread.",
-                                    kind="bytes")
-    yield_every_bytes: int = option("4MiB", doc="Yield to the event loop after this many bytes of inline copying.",
-                                    kind="bytes", minimum=1)
+    max_bytes: int = option(
+        "1GiB",
+        doc="Capacity in bytes (accepts '8GiB'); LRU eviction beyond it.",
+        kind="bytes",
+        minimum=1,
+    )
+    pin_memory: str = option(
+        "auto",
+        doc="Page-locked buffers: auto (when CUDA is available), true, false.",
+        choices=("auto", "true", "false"),
+    )
+    inline_copy_bytes: int = option(
+        "8MiB",
+        doc="Copies up to this size run on the event loop; larger ones in a thread.",
+        kind="bytes",
+    )
+    yield_every_bytes: int = option(
+        "4MiB",
+        doc="Yield to the event loop after this many bytes of inline copying.",
+        kind="bytes",
+        minimum=1,
+    )
 
 
 class _Entry:
@@ -76,8 +91,9 @@ class CPUBackend(BaseBackend):
     Options = CPUOptions
     capabilities = Capabilities(bounded=True, zero_copy=False)
 
-    def __init__(self, options: Any = None, *, namespace: Namespace | None = None,
-                 name: str | None = None) -> None:
+    def __init__(
+        self, options: Any = None, *, namespace: Namespace | None = None, name: str | None = None
+    ) -> None:
         opts = build_options(CPUOptions, options)
         super().__init__(opts, namespace=namespace, name=name or "cpu")
         self.opts = opts
@@ -88,6 +104,7 @@ class CPUBackend(BaseBackend):
         self._free_bytes = 0  # bytes held in recycle lists
         self._reserved = 0  # bytes of buffers being filled by in-flight puts
         self._since_yield = 0
+        self._reset_pending = False
         self._pin = False
         self._evictions = 0
         self._evicted_bytes = 0
@@ -172,16 +189,26 @@ class CPUBackend(BaseBackend):
                 return True
         return False
 
+    def _reset_copy_budget(self) -> None:
+        self._since_yield = 0
+        self._reset_pending = False
+
     async def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         n = dst.numel()
         if n > self.opts.inline_copy_bytes:
-            await asyncio.to_thread(dst.copy_, src)
+            await asyncio.to_thread(copy_into, dst, src)
             return
-        self._since_yield += n
-        if self._since_yield >= self.opts.yield_every_bytes:
-            self._since_yield = 0
+        # At most ``yield_every_bytes`` of inline copying per event-loop iteration: a task
+        # over budget yields, and the counter resets at the start of the next iteration
+        # (a call_soon callback queued before the yielding tasks), so timers and other
+        # tasks run between copies even when many puts are gathered at once.
+        while self._since_yield and self._since_yield + n > self.opts.yield_every_bytes:
             await asyncio.sleep(0)
-        dst.copy_(src)
+        if not self._reset_pending:
+            self._reset_pending = True
+            asyncio.get_running_loop().call_soon(self._reset_copy_budget)
+        self._since_yield += n
+        copy_into(dst, src)
 
     # ------------------------------------------------------------------ operations
     async def _contains(self, key: CacheEngineKey) -> bool:
@@ -233,9 +260,10 @@ class CPUBackend(BaseBackend):
             self._install(key, _Entry(buf, value.dtype, value.shape))
             return True
         src = _flat_bytes(value.contiguous())
-        buf = self._alloc(nbytes)
-        if buf is None:
+        fresh = self._alloc(nbytes)
+        if fresh is None:
             return False
+        buf = fresh
         self._reserved += nbytes
         try:
             await self._copy(buf, src)

@@ -1,0 +1,30 @@
+"""Test support shipped with lmcache-core: the backend contract suite.
+
+Importing this package needs ``pytest``.
+"""
+
+from __future__ import annotations
+
+from .contract import (
+    BackendContract,
+    CapacityContract,
+    PersistentContract,
+    SharedContract,
+    make_key,
+    random_tensor,
+    run_async,
+    same_bits,
+)
+from .reference import ReferenceBackend
+
+__all__ = [
+    "BackendContract",
+    "CapacityContract",
+    "PersistentContract",
+    "ReferenceBackend",
+    "SharedContract",
+    "make_key",
+    "random_tensor",
+    "run_async",
+    "same_bits",
+]
