@@ -112,7 +112,7 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
         raise BufferMismatchError("expected a contiguous tensor")
     flat = tensor.reshape(-1)
     if flat.numel() == 0:
-        return memoryview(b"")
+        return memoryview(bytearray())
     return flat.view(torch.uint8).numpy().data.cast("B")
 
 

@@ -1,0 +1,114 @@
+"""cpu backend specifics beyond the contract suite."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from lmcache_core import ConfigError, CPUBackend, SizeFormatError, parse_bytes
+from lmcache_core.testing import make_key, random_tensor, run_async, same_bits
+
+MiB = 1 << 20
+
+
+def test_accepts_human_sizes_and_rejects_bad_ones() -> None:
+    assert CPUBackend({"max_bytes": "8GiB"}).max_bytes == 8 << 30
+    assert CPUBackend({"max_bytes": 4096}).max_bytes == 4096
+    with pytest.raises(ConfigError) as info:
+        CPUBackend({"max_bytes": "8 parsecs"})
+    assert "options.max_bytes" in str(info.value)
+    with pytest.raises(ConfigError):
+        CPUBackend({"max_bytes": 0})
+    with pytest.raises(ConfigError) as info2:
+        CPUBackend({"max_byts": "1GiB"})
+    assert "max_byts" in str(info2.value)
+    with pytest.raises(SizeFormatError):
+        parse_bytes(-1)
+
+
+def test_pin_memory_true_without_cuda_is_a_clear_error() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here: pinning works")
+    b = CPUBackend({"pin_memory": "true"})
+    with pytest.raises(ConfigError, match="CUDA"):
+        run_async(b.start())
+    auto = CPUBackend()
+    run_async(auto.start())
+    assert auto.stats()["pinned"] is False
+
+
+def test_lru_eviction_order_and_stats() -> None:
+    async def body() -> None:
+        b = CPUBackend({"max_bytes": 4 * MiB})
+        await b.start()
+        keys = [make_key(f"e{i}") for i in range(4)]
+        vals = [random_tensor((MiB,), torch.uint8, seed=i) for i in range(4)]
+        for k, v in zip(keys, vals, strict=True):
+            assert await b.put(k, v)
+        assert await b.get(keys[0]) is not None  # 0 becomes most recent
+        assert await b.put(make_key("new"), random_tensor((MiB,), torch.uint8, seed=9))
+        assert not await b.contains(keys[1]), "least recently used entry should go first"
+        assert await b.contains(keys[0])
+        s = b.stats()
+        assert s["evictions"] == 1 and s["used_bytes"] <= 4 * MiB and s["entries"] == 4
+        await b.close()
+
+    run_async(body())
+
+
+def test_entry_being_read_is_not_evicted() -> None:
+    async def body() -> None:
+        # big values take the worker-thread path, so a read is in flight across awaits
+        b = CPUBackend({"max_bytes": 32 * MiB, "inline_copy_bytes": MiB})
+        await b.start()
+        k = make_key("reading")
+        v = random_tensor((16 * MiB,), torch.uint8, seed=1)
+        assert await b.put(k, v)
+        out = torch.empty_like(v)
+        read = asyncio.ensure_future(b.get_into(k, out))
+        await asyncio.sleep(0)
+        # needs the room of the entry being read: must be refused, not evict it
+        stored = await b.put(make_key("big"), random_tensor((24 * MiB,), torch.uint8, seed=2))
+        assert await read
+        assert same_bits(out, v)
+        if stored:
+            assert not await b.contains(k)
+        assert b.stats()["used_bytes"] <= 32 * MiB
+        await b.close()
+
+    run_async(body())
+
+
+def test_eviction_listener_sees_evicted_value() -> None:
+    async def body() -> None:
+        b = CPUBackend({"max_bytes": 2 * MiB})
+        seen: list[tuple[object, torch.Tensor]] = []
+        b.set_eviction_listener(lambda k, t: seen.append((k, t.clone())))
+        await b.start()
+        k0 = make_key("l0")
+        v0 = random_tensor((MiB,), torch.uint8, seed=0)
+        await b.put(k0, v0)
+        await b.put(make_key("l1"), random_tensor((MiB,), torch.uint8, seed=1))
+        await b.put(make_key("l2"), random_tensor((MiB,), torch.uint8, seed=2))
+        assert len(seen) == 1 and seen[0][0] == k0 and same_bits(seen[0][1], v0)
+        await b.close()
+
+    run_async(body())
+
+
+def test_buffers_are_recycled() -> None:
+    async def body() -> None:
+        b = CPUBackend({"max_bytes": 8 * MiB})
+        await b.start()
+        k = make_key("r")
+        await b.put(k, random_tensor((MiB,), torch.uint8, seed=0))
+        await b.put(k, random_tensor((MiB,), torch.uint8, seed=1))
+        s = b.stats()
+        assert s["recycled_bytes"] == MiB and s["used_bytes"] == MiB
+        await b.put(make_key("r2"), random_tensor((MiB,), torch.uint8, seed=2))
+        assert b.stats()["recycled_bytes"] == 0
+        await b.close()
+
+    run_async(body())
