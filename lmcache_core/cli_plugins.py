@@ -16,11 +16,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
 from typing import Any
 
 from .cli import add_output_flags, format_table, print_json, wants_json
 from .errors import UnknownBackendError
-from .plugins.backend_options import describe_backend_options, options_markdown
+from .plugins.backend_options import (
+    describe_backend_options,
+    options_markdown,
+    render_options_blocks,
+)
 from .plugins.compat import core_version
 from .plugins.hookspecs import HOOKSPEC_VERSION
 from .plugins.loader import load_plugins
@@ -58,6 +63,13 @@ def register(subparsers: Any) -> None:
         action="store_const",
         const="markdown",
         help="print the option tables as Markdown (what the docs embed)",
+    )
+    b.add_argument(
+        "--write-docs",
+        nargs="+",
+        metavar="FILE",
+        help="regenerate the option tables embedded in these Markdown files "
+        "(between <!-- lmcache-core:options NAME --> and <!-- /lmcache-core:options -->)",
     )
     b.set_defaults(func=run_backends)
 
@@ -182,9 +194,31 @@ def _print_backends_table(report: dict[str, Any]) -> None:
             print(f"  {m['name']}: {m['install']}")
 
 
+def write_docs(reg: BackendRegistry, files: list[str]) -> int:
+    """Regenerate the embedded option tables of ``files``; 1 if a backend is unknown."""
+    status = 0
+    for name in files:
+        path = Path(name)
+        text = path.read_text(encoding="utf-8")
+        try:
+            new = render_options_blocks(text, reg.get)
+        except UnknownBackendError as exc:
+            print(f"lmcache-core: {path}: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            print(f"updated {path}")
+        else:
+            print(f"unchanged {path}")
+    return status
+
+
 def run_backends(args: argparse.Namespace) -> int:
     """``lmcache-core backends``."""
     reg, _ = _load_registry()
+    if args.write_docs:
+        return write_docs(reg, args.write_docs)
     try:
         report = backends_report(reg, list(args.names))
     except UnknownBackendError as exc:

@@ -8,7 +8,8 @@ tables in the docs all come from that one declaration.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import PluginError
@@ -16,9 +17,12 @@ from ..options import build_options, describe_options
 from .registry import BackendSpec
 
 __all__ = [
+    "OPTIONS_BLOCK_RE",
     "backend_options_class",
     "describe_backend_options",
+    "options_blocks",
     "options_markdown",
+    "render_options_blocks",
     "validate_backend_options",
 ]
 
@@ -67,3 +71,51 @@ def options_markdown(backend: BackendSpec | type[Any]) -> str:
             f"| {_cell(o['doc'])} |"
         )
     return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- docs blocks
+#: Docs embed a backend's option table between these markers; ``lmcache-core backends
+#: --write-docs FILE`` regenerates the block and a test fails when one is stale.
+OPTIONS_BLOCK_RE = re.compile(
+    r"(?P<open>^<!-- lmcache-core:options (?P<name>[A-Za-z0-9_.-]+) -->\n)"
+    r"(?P<body>.*?)"
+    r"(?P<close>^<!-- /lmcache-core:options -->)",
+    re.DOTALL | re.MULTILINE,
+)
+
+
+_FENCE_RE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.MULTILINE | re.DOTALL)
+
+
+def _prose_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of the parts of ``text`` outside fenced code blocks."""
+    spans, pos = [], 0
+    for m in _FENCE_RE.finditer(text):
+        spans.append((pos, m.start()))
+        pos = m.end()
+    spans.append((pos, len(text)))
+    return spans
+
+
+def options_blocks(text: str) -> dict[str, str]:
+    """Backend name to the option table embedded in ``text`` (code examples excluded)."""
+    return {
+        m["name"]: m["body"]
+        for start, end in _prose_spans(text)
+        for m in OPTIONS_BLOCK_RE.finditer(text[start:end])
+    }
+
+
+def render_options_blocks(text: str, resolve: Callable[[str], BackendSpec | type[Any]]) -> str:
+    """``text`` with every embedded option table regenerated (``resolve``: name to backend)."""
+
+    def fill(m: re.Match[str]) -> str:
+        return f"{m['open']}{options_markdown(resolve(m['name']))}{m['close']}"
+
+    out, pos = [], 0
+    for start, end in _prose_spans(text):
+        out.append(text[pos:start])
+        out.append(OPTIONS_BLOCK_RE.sub(fill, text[start:end]))
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
