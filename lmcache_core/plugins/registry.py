@@ -251,6 +251,8 @@ class BackendRegistry:
     def _plugin_note(self, dist: str) -> str:
         for info in self.plugins:
             if dist in (info.name, info.distribution) and info.status != "ok":
+                if info.status == "disabled":
+                    return f" (it is installed but {info.error})"
                 return f" (it is installed but {info.status}: {info.error})"
         return ""
 
