@@ -1,0 +1,201 @@
+"""Maintenance of a disk tier: scan, verify, delete, reconcile (``inspect``/``verify``/``gc``).
+
+:class:`DiskMaintenance` is mixed into :class:`~lmcache_backend_disk.DiskBackend` and
+implements :class:`lmcache_core.maintenance.MaintainableBackend`. Scans walk the files (the
+truth) one shard directory per I/O job and take last-access times from the shared index;
+headers are read only when asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from lmcache_core.maintenance import EntryInfo, ProgressCallback
+
+from . import layout
+
+if TYPE_CHECKING:
+    from .index import SharedIndex
+    from .objects import ObjectIO
+    from .options import DiskOptions
+
+__all__ = ["DiskMaintenance"]
+
+T = TypeVar("T")
+
+
+class DiskMaintenance:
+    """Scan / verify / delete / reconcile for the disk backend (a mixin)."""
+
+    if TYPE_CHECKING:
+        root: str
+        opts: DiskOptions
+        owner: str
+
+        @property
+        def index(self) -> SharedIndex: ...
+        @property
+        def io(self) -> ObjectIO: ...
+        def _check(self) -> None: ...
+        async def _call(self, fn: Callable[..., T], *args: Any) -> T: ...
+        def _remove_rel_sync(self, rel: str) -> bool: ...
+        def _reap_sync(self) -> int: ...
+        def _temp_is_stale(self, f: layout.TempFile, stale_before: float) -> bool: ...
+
+    # ------------------------------------------------------------------ scan
+    async def scan(
+        self, *, read_headers: bool = False, progress: ProgressCallback | None = None
+    ) -> AsyncIterator[EntryInfo]:
+        """Every object file (key and namespace from its header when ``read_headers``;
+        ``None`` for an unreadable header). ``progress(done, total)`` follows the walk;
+        ``total`` is the index's entry count."""
+        self._check()
+        atimes = await self._call(self._atimes_sync)
+        total = len(atimes)
+        tops = await self._call(self._scan_tops_sync)
+        done = 0
+        if progress is not None:
+            progress(0, total)
+        for top in tops:
+            infos = await self._call(self._scan_top_sync, top, atimes, read_headers)
+            for info in infos:
+                yield info
+            done += len(infos)
+            if progress is not None and infos:
+                progress(done, max(total, done))
+
+    def _atimes_sync(self) -> dict[str, float]:
+        with self.index.snapshot() as tx:
+            return tx.atimes()
+
+    def _scan_tops_sync(self) -> list[str]:
+        return [
+            s for ns in layout.namespace_dirs(self.root) for s in layout.shard_dirs(self.root, ns)
+        ]
+
+    def _scan_top_sync(
+        self, top: str, atimes: dict[str, float], read_headers: bool
+    ) -> list[EntryInfo]:
+        out = []
+        for f in layout.iter_files(self.root, top):
+            if not isinstance(f, layout.ObjectFile):
+                continue
+            key = namespace = None
+            if read_headers:
+                header = self.io.read_header(os.path.join(self.root, f.rel))
+                if header is not None:
+                    key, namespace = header.key, header.namespace
+            out.append(
+                EntryInfo(
+                    location=f.rel,
+                    size=f.size,
+                    last_access=atimes.get(f.rel, f.mtime),
+                    key=key,
+                    namespace=namespace,
+                )
+            )
+        return out
+
+    # ------------------------------------------------------------------ verify / delete
+    async def check_entry(self, entry: EntryInfo) -> str | None:
+        """Read the object fully; ``None`` when sound, else why not (including an object
+        stored at another key's or namespace's location)."""
+        self._check()
+        if not layout.is_object_relpath(entry.location):
+            return "not an object location of this tier"
+        return await self._call(
+            self.io.verify, os.path.join(self.root, entry.location), entry.location
+        )
+
+    async def verify_entry(self, entry: EntryInfo) -> bool:
+        """Read the object fully and check size, header, location and checksum."""
+        return await self.check_entry(entry) is None
+
+    async def delete_entry(self, entry: EntryInfo) -> bool:
+        """Delete one object (and its index row); ``True`` when a file was deleted."""
+        self._check()
+        return await self._call(self._remove_rel_sync, entry.location)
+
+    # ------------------------------------------------------------------ tier-wide
+    async def namespaces(self) -> dict[str, str | None]:
+        """Namespace JSON of each namespace directory (``None`` when its marker is gone)."""
+        self._check()
+        return await self._call(self._namespaces_sync)
+
+    def _namespaces_sync(self) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for ns in layout.namespace_dirs(self.root):
+            try:
+                with open(
+                    os.path.join(self.root, ns, layout.NAMESPACE_FILE), encoding="utf-8"
+                ) as f:
+                    value = json.load(f).get("namespace")
+                out[ns] = value if isinstance(value, str) else None
+            except (OSError, ValueError, AttributeError):
+                out[ns] = None
+        return out
+
+    async def usage(self) -> dict[str, Any]:
+        """Bytes used (objects + writes in progress), entries, and the recorded bound."""
+        self._check()
+        return await self._call(self._usage_sync)
+
+    def _usage_sync(self) -> dict[str, Any]:
+        with self.index.snapshot() as tx:
+            used, entries = tx.totals()
+            max_bytes = tx.meta("max_bytes")
+        return {
+            "used_bytes": used,
+            "entries": entries,
+            "max_bytes": int(max_bytes) if max_bytes else None,
+        }
+
+    async def reconcile(self) -> dict[str, int]:
+        """Make the index agree with the files: settle dead writers, remove stale
+        temporary files, adopt objects the index lacks, drop rows whose file is gone."""
+        self._check()
+        return await self._call(self._reconcile_sync)
+
+    def _reconcile_sync(self) -> dict[str, int]:
+        reaped = self._reap_sync()
+        stale_before = time.time() - self.opts.stale_temp_seconds
+        with self.index.snapshot() as tx:
+            live_tmps = tx.pending_tmp_names()
+            rows = tx.entries()
+        found: dict[str, float] = {}
+        temps = 0
+        for ns in layout.namespace_dirs(self.root):
+            for f in layout.iter_files(self.root, ns):
+                if isinstance(f, layout.ObjectFile):
+                    found[f.rel] = f.mtime
+                elif f.rel not in live_tmps and self._temp_is_stale(f, stale_before):
+                    try:
+                        os.unlink(os.path.join(self.root, f.rel))
+                        temps += 1
+                    except FileNotFoundError:
+                        pass
+        adopted = dropped = 0
+        with self.index.transaction() as tx:
+            for rel, mtime in found.items():
+                if rel in rows:
+                    continue
+                try:
+                    st = os.lstat(os.path.join(self.root, rel))
+                except FileNotFoundError:
+                    continue
+                if tx.entry_size(rel) is None:
+                    tx.upsert_entry(rel, st.st_size, mtime)
+                    adopted += 1
+            for rel in rows:
+                if rel not in found and not os.path.lexists(os.path.join(self.root, rel)):
+                    dropped += int(tx.delete_entry(rel))
+        return {
+            "reaped_owners": reaped,
+            "removed_temps": temps,
+            "adopted": adopted,
+            "dropped_rows": dropped,
+        }

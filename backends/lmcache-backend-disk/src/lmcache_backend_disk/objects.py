@@ -1,0 +1,413 @@
+"""Blocking object-file I/O: write a temporary object, read and verify a published one.
+
+Runs in the backend's I/O threads (``os.pread*``/``os.pwrite*`` and numpy copies release
+the GIL). Every read checks, in order: the file size against the header, the header
+against its canonical encoding (so even a flipped padding byte is caught), the key and
+namespace against the ones asked for, and the checksum of the data region against the
+header. Any mismatch raises :class:`~lmcache_core.errors.FormatError`; the caller turns it
+into a miss and removes the file.
+
+Readers take a shared ``flock`` on the file they opened; an evictor takes an exclusive one
+without waiting and skips files it cannot lock, so an entry being read is never evicted.
+A reader that opened a file just before it was evicted or replaced still reads a complete
+inode (unlinking keeps it alive), verified by its checksum: never a torn read.
+"""
+
+from __future__ import annotations
+
+import enum
+import fcntl
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lmcache_core import format as fmt
+from lmcache_core.errors import FormatError
+
+from .aligned import ALIGN, BufferPool, aligned_empty, round_up
+from .layout import expected_location, make_dirs
+
+__all__ = ["ObjectIO", "ReadOutcome", "ReadResult"]
+
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DUMMY_CHECKSUM = "xxh3_128:" + "0" * 32
+_STANDARD_META = frozenset({"format", "format_version", "key", "namespace", "checksum", "codec"})
+
+
+class ReadOutcome(enum.Enum):
+    HIT = "hit"
+    MISSING = "missing"  # no file
+    BUSY = "busy"  # being evicted right now
+    BAD = "bad"  # truncated, corrupted or foreign: to be removed
+
+
+@dataclass
+class ReadResult:
+    """What a read found. ``inode`` identifies the file read (for a safe removal)."""
+
+    outcome: ReadOutcome
+    tensor: torch.Tensor | None = None
+    reason: str = ""
+    inode: tuple[int, int] | None = None
+    size: int = 0
+    header: fmt.ObjectHeader | None = None
+
+
+def _u8(t: torch.Tensor) -> np.ndarray:
+    """The bytes of a contiguous CPU tensor as a flat numpy uint8 array (zero copy)."""
+    return (
+        np.frombuffer(fmt.tensor_bytes(t), dtype=np.uint8) if t.numel() else np.empty(0, np.uint8)
+    )
+
+
+def header_length(key: str, ns_json: str, dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    """Length of the header (= offset of the data) of an object with these fields."""
+    return len(fmt.encode_header(key, ns_json, dtype, shape, _DUMMY_CHECKSUM))
+
+
+def check_canonical(raw: memoryview | bytes, header: fmt.ObjectHeader) -> None:
+    """Raise :class:`FormatError` unless the header bytes are exactly what the writer emits.
+
+    JSON parsing alone would accept a padding space flipped into a tab or newline.
+    """
+    if header.codec != "raw":
+        raise FormatError(f"codec {header.codec!r} is not supported by the disk tier")
+    extra = {k: v for k, v in header.metadata.items() if k not in _STANDARD_META}
+    expected = fmt.encode_header(
+        header.key,
+        header.namespace,
+        header.dtype,
+        header.shape,
+        header.checksum,
+        header.codec,
+        extra or None,
+    )
+    if bytes(raw[: header.data_offset]) != expected:
+        raise FormatError("object header is not in canonical form (corrupted)")
+
+
+class ObjectIO:
+    """Reads and writes object files under one root (thread-safe, blocking)."""
+
+    def __init__(
+        self,
+        root: str,
+        file_mode: int,
+        dir_mode: int,
+        *,
+        direct: bool,
+        durable: bool,
+        pool: BufferPool,
+    ) -> None:
+        self.root = root
+        self.file_mode = file_mode
+        self.dir_mode = dir_mode
+        self.direct = direct
+        self.durable = durable
+        self.pool = pool
+
+    # ------------------------------------------------------------------ writing
+    def object_size(self, key: str, ns_json: str, value: torch.Tensor) -> int:
+        """Bytes the object of ``value`` takes on disk."""
+        n = value.numel() * value.element_size()
+        return header_length(key, ns_json, value.dtype, tuple(value.shape)) + n
+
+    def write_temp(self, tmp_abs: str, key: str, ns_json: str, value: torch.Tensor) -> int:
+        """Write the complete object of ``value`` to the new file ``tmp_abs`` (flushed to
+        the device when durable); return its size. The file is removed on any error."""
+        fd = self._create(tmp_abs)
+        try:
+            size = self._write(fd, key, ns_json, value)
+            if self.durable:
+                os.fdatasync(fd)
+        except BaseException:
+            os.close(fd)
+            try:
+                os.unlink(tmp_abs)
+            except OSError:
+                pass
+            raise
+        os.close(fd)
+        return size
+
+    def _create(self, path: str) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | _O_NOFOLLOW
+        if self.direct:
+            flags |= _O_DIRECT
+        try:
+            fd = os.open(path, flags, self.file_mode)
+        except FileNotFoundError:
+            make_dirs(os.path.dirname(path), self.dir_mode, durable=self.durable)
+            fd = os.open(path, flags, self.file_mode)
+        try:
+            os.fchmod(fd, self.file_mode)  # whatever the umask
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _write(self, fd: int, key: str, ns_json: str, value: torch.Tensor) -> int:
+        shape = tuple(value.shape)
+        src = _u8(value)
+        n = src.nbytes
+        if not self.direct:
+            header = fmt.encode_header(key, ns_json, value.dtype, shape, fmt.checksum(src))
+            _pwrite_all(fd, [memoryview(header), src.data], 0)
+            return len(header) + n
+        hlen = header_length(key, ns_json, value.dtype, shape)
+        size = hlen + n
+        padded = round_up(size)
+        buf = self.pool.take(padded)
+        try:
+            stage = np.frombuffer(buf.view, dtype=np.uint8)
+            np.copyto(stage[hlen:size], src)
+            header = fmt.encode_header(
+                key, ns_json, value.dtype, shape, fmt.checksum(buf.view[hlen:size])
+            )
+            if len(header) != hlen:  # pragma: no cover - encode_header is deterministic
+                raise RuntimeError("object header length changed between two encodings")
+            buf.view[:hlen] = header
+            stage[size:padded] = 0
+            _pwrite_all(fd, [buf.view[:padded]], 0)
+            if padded != size:
+                os.ftruncate(fd, size)
+        finally:
+            self.pool.give(buf)
+        return size
+
+    # ------------------------------------------------------------------ reading
+    def _open(self, path: str) -> tuple[int | None, ReadResult | None]:
+        flags = os.O_RDONLY | os.O_CLOEXEC | _O_NOFOLLOW
+        if self.direct:
+            flags |= _O_DIRECT
+        try:
+            fd = os.open(path, flags)
+        except (FileNotFoundError, NotADirectoryError):
+            return None, ReadResult(ReadOutcome.MISSING)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None, ReadResult(ReadOutcome.BUSY)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, None
+
+    def read_into(self, path: str, key: str, ns_json: str, out: torch.Tensor) -> ReadResult:
+        """Read the object at ``path`` into ``out`` and verify it.
+
+        Raises :class:`~lmcache_core.errors.BufferMismatchError` when the stored object is
+        valid but ``out`` cannot receive it.
+        """
+        fd, early = self._open(path)
+        if fd is None:
+            assert early is not None
+            return early
+        try:
+            st = os.fstat(fd)
+            inode = (st.st_dev, st.st_ino)
+            try:
+                self._read_into(fd, st.st_size, key, ns_json, out)
+            except FormatError as exc:
+                return ReadResult(ReadOutcome.BAD, reason=str(exc), inode=inode, size=st.st_size)
+            return ReadResult(ReadOutcome.HIT, tensor=out, inode=inode, size=st.st_size)
+        finally:
+            os.close(fd)
+
+    def _read_into(self, fd: int, size: int, key: str, ns_json: str, out: torch.Tensor) -> None:
+        shape = tuple(out.shape)
+        hlen = header_length(key, ns_json, out.dtype, shape)
+        n = out.numel() * out.element_size()
+        if size != hlen + n:
+            # Either another shape/dtype of this key (the caller's buffer is wrong) or junk.
+            raw_head = self._read_head(fd, size)
+            header = self._check_header(raw_head, size, key, ns_json)
+            fmt.check_out(header, out)
+            raise FormatError("object size disagrees with its header")  # pragma: no cover
+        dst = _u8(out)
+        raw = self._read_body(fd, hlen, size, dst, with_head=True)
+        header = self._check_header(raw, size, key, ns_json)
+        fmt.check_out(header, out)
+        fmt.verify_data(header, dst)
+
+    def read_new(self, path: str, key: str | None, ns_json: str | None) -> ReadResult:
+        """Read the object at ``path`` into a new tensor and verify it. ``key``/``ns_json``
+        ``None`` skip the identity check (maintenance reads check the location instead)."""
+        fd, early = self._open(path)
+        if fd is None:
+            assert early is not None
+            return early
+        try:
+            st = os.fstat(fd)
+            inode = (st.st_dev, st.st_ino)
+            try:
+                raw = self._read_head(fd, st.st_size)
+                header = self._check_header(raw, st.st_size, key, ns_json)
+                out = (
+                    aligned_empty(header.shape, header.dtype)
+                    if self.direct
+                    else (torch.empty(header.shape, dtype=header.dtype))
+                )
+                dst = _u8(out)
+                self._read_body(fd, header.data_offset, st.st_size, dst, with_head=False)
+                fmt.verify_data(header, dst)
+            except FormatError as exc:
+                return ReadResult(ReadOutcome.BAD, reason=str(exc), inode=inode, size=st.st_size)
+            return ReadResult(
+                ReadOutcome.HIT, tensor=out, inode=inode, size=st.st_size, header=header
+            )
+        finally:
+            os.close(fd)
+
+    def verify(self, path: str, rel: str) -> str | None:
+        """Fully check the object at ``path`` (which must live at ``rel``); ``None`` when
+        it is sound, else the reason."""
+        res = self.read_new(path, None, None)
+        if res.outcome is ReadOutcome.MISSING:
+            return "missing"
+        if res.outcome is ReadOutcome.BUSY:
+            return None  # being evicted: not a defect
+        if res.outcome is ReadOutcome.BAD:
+            return res.reason
+        assert res.header is not None
+        if expected_location(res.header.key, res.header.namespace) != rel:
+            return "object is stored under another key's or namespace's path"
+        return None
+
+    def read_header(self, path: str) -> fmt.ObjectHeader | None:
+        """The checked header of the object at ``path`` (data not read), or ``None``."""
+        fd, _ = self._open(path)
+        if fd is None:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            return self._check_header(self._read_head(fd, size), size, None, None)
+        except FormatError:
+            return None
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ read helpers
+    def _read_head(self, fd: int, size: int) -> bytes:
+        """The header bytes (length prefix + JSON) of the object in ``fd``."""
+        first = self._pread(fd, 0, min(size, ALIGN))
+        hlen = fmt.read_header_length(first)
+        if hlen > size:
+            raise FormatError(f"object is truncated inside its header ({size} < {hlen} bytes)")
+        if hlen <= len(first):
+            return first[:hlen]
+        return self._pread(fd, 0, hlen)
+
+    def _pread(self, fd: int, offset: int, length: int) -> bytes:
+        """``length`` bytes at an aligned ``offset`` (through a staging block when direct)."""
+        if not self.direct:
+            data = os.pread(fd, length, offset)
+        else:
+            buf = self.pool.take(round_up(length))
+            try:
+                got = os.preadv(fd, [buf.view[: round_up(length)]], offset)
+                data = bytes(buf.view[: min(got, length)])
+            finally:
+                self.pool.give(buf)
+        if len(data) != length:
+            raise FormatError(f"short read: {len(data)} of {length} bytes (truncated?)")
+        return data
+
+    def _read_body(
+        self, fd: int, hlen: int, size: int, dst: np.ndarray, *, with_head: bool
+    ) -> bytes:
+        """Read the data region (``hlen`` .. ``size``) into ``dst``; with ``with_head`` read
+        the header in the same request and return it."""
+        n = size - hlen
+        if not self.direct:
+            head = bytearray(hlen if with_head else 0)
+            views = [memoryview(head)] if with_head else []
+            views.append(dst.data)
+            _pread_exact(fd, views, 0 if with_head else hlen, n + len(head))
+            return bytes(head)
+        if dst.ctypes.data % ALIGN == 0:
+            return self._read_direct_aligned(fd, hlen, size, dst, with_head)
+        start = 0 if with_head else hlen
+        buf = self.pool.take(round_up(size - start))
+        try:
+            got = os.preadv(fd, [buf.view[: round_up(size - start)]], start)
+            if got != size - start:
+                raise FormatError(f"short read: {got} of {size - start} bytes (truncated?)")
+            stage = np.frombuffer(buf.view, dtype=np.uint8)
+            np.copyto(dst, stage[hlen - start : size - start])
+            return bytes(buf.view[:hlen]) if with_head else b""
+        finally:
+            self.pool.give(buf)
+
+    def _read_direct_aligned(
+        self, fd: int, hlen: int, size: int, dst: np.ndarray, with_head: bool
+    ) -> bytes:
+        """``O_DIRECT`` read straight into an aligned destination (tail via a bounce block)."""
+        n = size - hlen
+        body = n - n % ALIGN
+        tail = n - body
+        head_len = hlen if with_head else 0
+        bounce = self.pool.take(head_len + (ALIGN if tail else 0) or ALIGN)
+        try:
+            views = [bounce.view[:head_len]] if with_head else []
+            if body:
+                views.append(dst.data[:body])
+            if tail:
+                views.append(bounce.view[head_len : head_len + ALIGN])
+            start = 0 if with_head else hlen
+            got = os.preadv(fd, views, start) if views else 0
+            if got != size - start:
+                raise FormatError(f"short read: {got} of {size - start} bytes (truncated?)")
+            if tail:
+                stage = np.frombuffer(bounce.view, dtype=np.uint8)
+                dst[body:] = stage[head_len : head_len + tail]
+            return bytes(bounce.view[:head_len])
+        finally:
+            self.pool.give(bounce)
+
+    def _check_header(
+        self, raw: memoryview | bytes, size: int, key: str | None, ns_json: str | None
+    ) -> fmt.ObjectHeader:
+        header = fmt.decode_header(raw, total_size=size)
+        check_canonical(raw, header)
+        fmt.check_identity(header, key, ns_json)
+        return header
+
+
+def _pread_exact(fd: int, views: list[memoryview], offset: int, total: int) -> None:
+    """Buffered ``preadv`` of exactly ``total`` bytes into ``views`` (short read: truncated)."""
+    done = 0
+    views = [v for v in views if len(v)]
+    while views:
+        got = os.preadv(fd, views, offset + done)
+        if got == 0:
+            raise FormatError(f"short read: {done} of {total} bytes (truncated?)")
+        done += got
+        views = _advance(views, got)
+
+
+def _pwrite_all(fd: int, views: list[memoryview], offset: int) -> None:
+    """``pwritev`` everything in ``views`` at ``offset``."""
+    done = 0
+    views = [v for v in views if len(v)]
+    while views:
+        got = os.pwritev(fd, views, offset + done)
+        if got <= 0:  # pragma: no cover - the kernel raises ENOSPC rather than return 0
+            raise OSError("pwritev wrote nothing")
+        done += got
+        views = _advance(views, got)
+
+
+def _advance(views: list[memoryview], n: int) -> list[memoryview]:
+    out = []
+    for v in views:
+        if n >= len(v):
+            n -= len(v)
+            continue
+        out.append(v[n:] if n else v)
+        n = 0
+    return [v for v in out if len(v)]

@@ -1,0 +1,97 @@
+"""Options of the ``disk`` backend (validated by :func:`lmcache_core.options.build_options`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lmcache_core.errors import ConfigError
+from lmcache_core.options import option
+
+__all__ = ["DiskOptions", "parse_mode"]
+
+
+@dataclass(frozen=True)
+class DiskOptions:
+    """Options of the ``disk`` backend."""
+
+    path: str = option(
+        kind="path",
+        doc="Directory of the tier (created if missing). Every process using it shares its "
+        "data and its max_bytes bound. /dev/shm/<dir> makes a same-host DRAM tier.",
+    )
+    max_bytes: int = option(
+        "16GiB",
+        kind="bytes",
+        minimum=1,
+        doc="Bound on the bytes of all objects under path, whichever process wrote them; "
+        "least recently used entries are evicted to make room.",
+    )
+    mode: str = option(
+        "0600",
+        doc="Permission bits of object files (octal); directories get the matching x bits "
+        "(0600 -> 0700). Use 0660 to share a tier within a group.",
+    )
+    direct_io: str = option(
+        "auto",
+        choices=("auto", "true", "false"),
+        doc="O_DIRECT with aligned reused buffers: auto (when the filesystem accepts it), "
+        "true (refuse to start otherwise), false (buffered I/O).",
+    )
+    fsync: bool = option(
+        True,
+        doc="fdatasync each object and fsync its directory before a put returns (survives "
+        "power loss). Without it, publication is still atomic against process crashes.",
+    )
+    concurrency: int = option(
+        16,
+        minimum=1,
+        maximum=256,
+        doc="File operations in flight (size of the I/O thread pool).",
+    )
+    io_nice: int = option(
+        10,
+        minimum=0,
+        maximum=19,
+        doc="Niceness added to the I/O threads, so their copies never starve the event loop "
+        "or the serving threads of CPU (0: same priority as the process).",
+    )
+    stale_temp_seconds: float = option(
+        3600.0,
+        minimum=1.0,
+        doc="gc and index rebuilds remove temporary files this old even when their writer "
+        "cannot be proven dead (writers that died are cleaned up at start).",
+    )
+    touch_interval: float = option(
+        1.0,
+        minimum=0.0,
+        doc="Seconds between flushes of read times to the shared LRU index (a write flushes "
+        "them at once).",
+    )
+
+    def __post_init__(self) -> None:
+        parse_mode(self.mode)
+
+
+def parse_mode(text: str) -> int:
+    """The file permission bits of an octal ``mode`` option (``"0600"`` -> ``0o600``)."""
+    try:
+        value = int(text, 8)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"expected octal permission bits such as '0600', got {text!r}", "options.mode"
+        ) from None
+    if value & ~0o777 or (value & 0o600) != 0o600:
+        raise ConfigError(
+            f"mode {text!r} must be within 0777 and let the owner read and write (0600 at least)",
+            "options.mode",
+        )
+    return value
+
+
+def dir_mode(file_mode: int) -> int:
+    """Directory permission bits matching ``file_mode``: x wherever r is set."""
+    mode = file_mode
+    for r_bit, x_bit in ((0o400, 0o100), (0o040, 0o010), (0o004, 0o001)):
+        if file_mode & r_bit:
+            mode |= x_bit
+    return mode
