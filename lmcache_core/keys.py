@@ -101,7 +101,7 @@ def _normalize_tags(
     return tuple(out)
 
 
-class CacheEngineKey:
+class CacheEngineKey(tuple):  # type: ignore[type-arg]
     """Immutable, hashable name of one stored KV chunk.
 
     Identity is ``(model_name, world_size, worker_id, chunk_hash, dtype, tags)``.
@@ -111,17 +111,16 @@ class CacheEngineKey:
     ``chunk_hash`` is a non-negative int below ``2**256`` (bytes are accepted and read
     big-endian). ``tags`` is a mapping or an iterable of ``(name, value)`` string pairs;
     it is stored sorted by name.
+
+    Implementation note: a key is a tuple subclass ``(base, chunk_hash, request_configs)``
+    because that is the cheapest immutable object CPython builds (the token database
+    makes one per chunk on the hot path); treat it as opaque and use the properties.
     """
 
-    __slots__ = ("_base", "_chunk_hash", "_hash", "_request_configs")
+    __slots__ = ()
 
-    _base: tuple[str, int, int, str, tuple[tuple[str, str], ...]]
-    _chunk_hash: int
-    _request_configs: Mapping[str, Any] | None
-    _hash: int
-
-    def __init__(
-        self,
+    def __new__(
+        cls,
         model_name: str,
         world_size: int,
         worker_id: int,
@@ -129,7 +128,7 @@ class CacheEngineKey:
         dtype: str,
         tags: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
         request_configs: Mapping[str, Any] | None = None,
-    ) -> None:
+    ) -> CacheEngineKey:
         _check_text(model_name, "model_name")
         _check_text(dtype, "dtype")
         for name, v in (("world_size", world_size), ("worker_id", worker_id)):
@@ -151,9 +150,7 @@ class CacheEngineKey:
         if not 0 <= chunk_hash < _MAX_HASH:
             raise KeyFormatError("chunk_hash must be in [0, 2**256)")
         base = (model_name, world_size, worker_id, dtype, _normalize_tags(tags))
-        _set_base(self, base)
-        _set_chunk_hash(self, chunk_hash)
-        _set_request_configs(self, request_configs)
+        return _tuple_new(cls, (base, chunk_hash, request_configs))
 
     # -- fast construction (token database hot path) -------------------------------
     @classmethod
@@ -164,13 +161,13 @@ class CacheEngineKey:
         request_configs: Mapping[str, Any] | None = None,
     ) -> CacheEngineKey:
         """Build a key from an already validated base tuple, skipping validation."""
-        key: CacheEngineKey = _new(cls)
-        _set_base(key, base)
-        _set_chunk_hash(key, chunk_hash)
-        _set_request_configs(key, request_configs)
-        return key
+        return _tuple_new(cls, (base, chunk_hash, request_configs))
 
     # -- fields ---------------------------------------------------------------------
+    @property
+    def _base(self) -> tuple[str, int, int, str, tuple[tuple[str, str], ...]]:
+        return tuple.__getitem__(self, 0)  # type: ignore[no-any-return]
+
     @property
     def model_name(self) -> str:
         return self._base[0]
@@ -185,7 +182,7 @@ class CacheEngineKey:
 
     @property
     def chunk_hash(self) -> int:
-        return self._chunk_hash
+        return tuple.__getitem__(self, 1)  # type: ignore[no-any-return]
 
     @property
     def dtype(self) -> str:
@@ -197,43 +194,41 @@ class CacheEngineKey:
 
     @property
     def request_configs(self) -> Mapping[str, Any] | None:
-        return self._request_configs
+        return tuple.__getitem__(self, 2)  # type: ignore[no-any-return]
 
     @property
     def chunk_hash_hex(self) -> str:
         """The chunk hash as 32 (128-bit) or 64 (256-bit) lower-case hex digits."""
-        h = self._chunk_hash
+        h = self.chunk_hash
         return f"{h:032x}" if h < (1 << 128) else f"{h:064x}"
 
     # -- identity -------------------------------------------------------------------
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("CacheEngineKey is immutable")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError("CacheEngineKey is immutable")
-
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CacheEngineKey):
             return NotImplemented
-        return self._chunk_hash == other._chunk_hash and self._base == other._base
+        get = tuple.__getitem__
+        return bool(get(self, 1) == get(other, 1) and get(self, 0) == get(other, 0))
+
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
 
     def __hash__(self) -> int:
-        try:
-            return self._hash
-        except AttributeError:
-            h = hash((self._base, self._chunk_hash))
-            _set_hash(self, h)
-            return h
+        get = tuple.__getitem__
+        return hash((get(self, 0), get(self, 1)))
 
     def __repr__(self) -> str:
         return f"CacheEngineKey({self.to_string()!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_key, (self._base, self._chunk_hash, self._request_configs))
+        return (_rebuild_key, (self._base, self.chunk_hash, self.request_configs))
+
+    def __getnewargs__(self) -> tuple[Any, ...]:  # pragma: no cover - __reduce__ wins
+        return ()
 
     def with_request_configs(self, request_configs: Mapping[str, Any] | None) -> CacheEngineKey:
         """The same key carrying other ``request_configs``."""
-        return CacheEngineKey._make(self._base, self._chunk_hash, request_configs)
+        return CacheEngineKey._make(self._base, self.chunk_hash, request_configs)
 
     def with_worker(self, worker_id: int, world_size: int | None = None) -> CacheEngineKey:
         """The same chunk as seen by another worker (tensor-parallel rank)."""
@@ -242,10 +237,10 @@ class CacheEngineKey:
             m,
             ws if world_size is None else world_size,
             worker_id,
-            self._chunk_hash,
+            self.chunk_hash,
             dt,
             tags,
-            self._request_configs,
+            self.request_configs,
         )
 
     # -- string and path forms --------------------------------------------------------
@@ -256,7 +251,8 @@ class CacheEngineKey:
         parts.extend(f"{escape_part(k)}={escape_part(v)}" for k, v in tags)
         return "@".join(parts)
 
-    __str__ = to_string
+    def __str__(self) -> str:
+        return self.to_string()
 
     @classmethod
     def from_string(
@@ -309,12 +305,7 @@ class CacheEngineKey:
         return f"{h[:2]}/{h[2:4]}/{h}"
 
 
-_new = object.__new__
-# Slot descriptors' setters: the only way to fill an immutable key (fast, no validation).
-_set_base: Any = CacheEngineKey.__dict__["_base"].__set__
-_set_chunk_hash: Any = CacheEngineKey.__dict__["_chunk_hash"].__set__
-_set_request_configs: Any = CacheEngineKey.__dict__["_request_configs"].__set__
-_set_hash: Any = CacheEngineKey.__dict__["_hash"].__set__
+_tuple_new = tuple.__new__
 
 
 def _rebuild_key(

@@ -98,17 +98,23 @@ def test_eviction_listener_sees_evicted_value() -> None:
     run_async(body())
 
 
-def test_buffers_are_recycled() -> None:
+def test_buffers_are_reused() -> None:
     async def body() -> None:
         b = CPUBackend({"max_bytes": 8 * MiB})
         await b.start()
         k = make_key("r")
         await b.put(k, random_tensor((MiB,), torch.uint8, seed=0))
-        await b.put(k, random_tensor((MiB,), torch.uint8, seed=1))
+        buf_ptr = b._entries[k].buf.data_ptr()
+        v1 = random_tensor((MiB,), torch.uint8, seed=1)
+        await b.put(k, v1)  # same size: overwritten in place
+        assert b._entries[k].buf.data_ptr() == buf_ptr
+        assert same_bits(await b.get(k), v1)
         s = b.stats()
-        assert s["recycled_bytes"] == MiB and s["used_bytes"] == MiB
-        await b.put(make_key("r2"), random_tensor((MiB,), torch.uint8, seed=2))
-        assert b.stats()["recycled_bytes"] == 0
+        assert s["recycled_bytes"] == 0 and s["used_bytes"] == MiB
+        await b.put(k, random_tensor((2 * MiB,), torch.uint8, seed=2))  # other size: new buffer
+        assert b.stats()["recycled_bytes"] == MiB
+        await b.put(make_key("r2"), random_tensor((MiB,), torch.uint8, seed=3))
+        assert b.stats()["recycled_bytes"] == 0, "the freed buffer should be reused"
         await b.close()
 
     run_async(body())

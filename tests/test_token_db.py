@@ -210,4 +210,4 @@ def test_known_answer() -> None:
     assert db.keys([1, 2, 3, 4])[0].chunk_hash_hex == KNOWN_FIRST_CHUNK
 
 
-KNOWN_FIRST_CHUNK = "d957494c2cb92abebde8e7bc5b5ee4b0"
+KNOWN_FIRST_CHUNK = "a6ffb5643c3d66cb060f1bfe3bb92177"

@@ -198,17 +198,24 @@ class CPUBackend(BaseBackend):
         if n > self.opts.inline_copy_bytes:
             await asyncio.to_thread(copy_into, dst, src)
             return
-        # At most ``yield_every_bytes`` of inline copying per event-loop iteration: a task
-        # over budget yields, and the counter resets at the start of the next iteration
-        # (a call_soon callback queued before the yielding tasks), so timers and other
-        # tasks run between copies even when many puts are gathered at once.
+        await self._copy_budget(n)
+        copy_into(dst, src)
+
+    async def _copy_budget(self, n: int) -> None:
+        """Wait until ``n`` more bytes of inline copying fit this loop iteration's budget.
+
+        At most ``yield_every_bytes`` are copied inline per event-loop iteration: a task
+        over budget yields, and the counter resets at the start of the next iteration (a
+        call_soon callback queued before the yielding tasks), so timers and other tasks
+        run between copies even when many puts are gathered at once. The caller must
+        copy right after this returns, without awaiting.
+        """
         while self._since_yield and self._since_yield + n > self.opts.yield_every_bytes:
             await asyncio.sleep(0)
         if not self._reset_pending:
             self._reset_pending = True
             asyncio.get_running_loop().call_soon(self._reset_copy_budget)
         self._since_yield += n
-        copy_into(dst, src)
 
     # ------------------------------------------------------------------ operations
     async def _contains(self, key: CacheEngineKey) -> bool:
@@ -260,6 +267,21 @@ class CPUBackend(BaseBackend):
             self._install(key, _Entry(buf, value.dtype, value.shape))
             return True
         src = _flat_bytes(value.contiguous())
+        old = self._entries.get(key)
+        if (
+            old is not None
+            and old.users == 0
+            and old.nbytes == nbytes
+            and 0 < nbytes <= self.opts.inline_copy_bytes
+        ):
+            # Overwrite in place: the copy runs without an await once started, so no
+            # reader can see it half done and a cancellation leaves the old value.
+            await self._copy_budget(nbytes)
+            if old is self._entries.get(key) and old.users == 0:
+                copy_into(old.buf, src)
+                old.dtype, old.shape = value.dtype, value.shape
+                self._entries.move_to_end(key)
+                return True
         fresh = self._alloc(nbytes)
         if fresh is None:
             return False
