@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
@@ -274,3 +275,19 @@ def test_get_registry_is_cached_and_reloadable():
     assert "cpu" in first.names()
     again = get_registry(reload=True)
     assert again is not first and "cpu" in again.names()
+
+
+def test_plugin_calling_sys_exit_does_not_end_the_process():
+    reg = load(fake_entry_point("lmcfix-exits", "lmcfix_exits"))
+    bad = info(reg, "lmcfix-exits")
+    assert bad.status == "failed" and "SystemExit: 3" in bad.error
+    assert reg.names() == ["cpu"]
+
+
+def test_entry_point_without_distribution_metadata():
+    ep = EntryPoint(name="lmcfix-bare", value="lmcfix_good", group="lmcache_core")
+    reg = load(ep, settings=STRICT)
+    bare = info(reg, "lmcfix-bare")
+    assert (bare.status, bare.version, bare.distribution) == ("ok", None, None)
+    assert bare.describe() == "lmcfix-bare"
+    assert reg.get("fixture").provider == "lmcfix-bare"

@@ -117,7 +117,7 @@ class _Loader:
             return None
         try:
             plugin = ep.load()
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a plugin must not end the process
             self.fail(info, "failed", f"import of {ep.value!r} failed: {_error_text(exc)}", exc)
             return None
         problem = hookspec_problem(getattr(plugin, "LMCACHE_HOOKSPEC_VERSION", None))
@@ -155,7 +155,7 @@ class _Loader:
         snapshot = self.registry._snapshot()
         try:
             self.run_hooks(info, plugin)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             self.registry._restore(snapshot)
             self.drop(info)
             self.fail(info, "failed", f"hook raised {_error_text(exc)}", exc)
