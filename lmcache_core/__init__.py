@@ -9,6 +9,7 @@ the synchronous facade (:class:`SyncBackend`) and the built-in ``cpu`` backend.
 from __future__ import annotations
 
 from .backend import BaseBackend, Capabilities, StorageBackend
+from .config import CacheConfig, TierConfig, load_config
 from .default_plugins.cpu import CPUBackend, CPUOptions
 from .errors import (
     BackendClosedError,
@@ -20,6 +21,7 @@ from .errors import (
     LMCacheError,
     SizeFormatError,
 )
+from .hierarchy import PrefixLookup, TieredHierarchy
 from .keys import FORMAT_VERSION, CacheEngineKey, Namespace
 from .sizes import format_bytes, parse_bytes
 from .sync import IOLoopThread, SyncBackend
@@ -35,6 +37,7 @@ __all__ = [
     "BufferMismatchError",
     "CPUBackend",
     "CPUOptions",
+    "CacheConfig",
     "CacheEngineKey",
     "Capabilities",
     "ChunkedTokenDatabase",
@@ -44,10 +47,14 @@ __all__ = [
     "KeyFormatError",
     "LMCacheError",
     "Namespace",
+    "PrefixLookup",
     "SizeFormatError",
     "StorageBackend",
     "SyncBackend",
+    "TierConfig",
+    "TieredHierarchy",
     "__version__",
     "format_bytes",
+    "load_config",
     "parse_bytes",
 ]

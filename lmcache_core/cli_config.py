@@ -1,0 +1,161 @@
+"""``lmcache-core config check|show|schema``.
+
+``check FILE`` validates a configuration (backend names, URL schemes, every option) and
+opens nothing: no connection, no file besides FILE. Exit status 0 when valid, 1 when not
+(the error names the config path). ``show FILE`` prints the resolved configuration with
+every default filled in and secrets redacted (YAML on a terminal, JSON when piped or with
+``--json``). ``schema`` prints the reference tables of every key (Markdown);
+``--write-docs FILE`` refreshes them where FILE embeds them between
+``<!-- lmcache-core:config-schema -->`` and ``<!-- /lmcache-core:config-schema -->``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .cli import add_output_flags, print_json, wants_json
+from .config import CacheConfig, load_config, schema_markdown
+from .errors import ConfigError
+
+__all__ = ["SCHEMA_BEGIN", "SCHEMA_END", "register", "render_schema_block"]
+
+SCHEMA_BEGIN = "<!-- lmcache-core:config-schema -->"
+SCHEMA_END = "<!-- /lmcache-core:config-schema -->"
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``config`` command and its actions."""
+    p = subparsers.add_parser(
+        "config",
+        help="check or show a tier configuration",
+        description="Validate, show or document lmcache-core configurations.",
+    )
+    actions = p.add_subparsers(title="actions", metavar="ACTION")
+
+    c = actions.add_parser(
+        "check",
+        help="validate FILE (opens no connection)",
+        description="Validate a configuration file. Exit 0 when valid, 1 when not.",
+    )
+    c.add_argument("file", metavar="FILE")
+    add_output_flags(c)
+    c.set_defaults(func=run_check)
+
+    s = actions.add_parser(
+        "show",
+        help="print FILE resolved, secrets redacted",
+        description="Print the resolved configuration (defaults filled in, secrets redacted).",
+    )
+    s.add_argument("file", metavar="FILE")
+    add_output_flags(s)
+    s.set_defaults(func=run_show)
+
+    sc = actions.add_parser(
+        "schema",
+        help="print the configuration reference (Markdown)",
+        description="Print the tables of every configuration key, generated from the schema.",
+    )
+    sc.add_argument(
+        "--write-docs",
+        nargs="+",
+        metavar="FILE",
+        help=f"refresh the tables embedded in FILE between {SCHEMA_BEGIN} and {SCHEMA_END}",
+    )
+    sc.set_defaults(func=run_schema)
+
+    def usage(args: argparse.Namespace) -> int:
+        p.print_help(sys.stderr)
+        return 2
+
+    p.set_defaults(func=usage)
+
+
+def _summary(cfg: CacheConfig) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": t.name,
+            "backend": t.backend,
+            "write_policy": t.write_policy,
+            "admit_after": t.admit_after,
+        }
+        for t in cfg.tiers
+    ]
+
+
+def _fail(args: argparse.Namespace, exc: ConfigError) -> int:
+    if wants_json(args):
+        print_json({"ok": False, "file": args.file, "path": exc.path, "error": exc.reason})
+    else:
+        print(f"{args.file}: invalid configuration: {exc}", file=sys.stderr)
+    return 1
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Validate ``args.file``; 0 when valid, 1 when not."""
+    try:
+        cfg = load_config(Path(args.file))
+    except ConfigError as exc:
+        return _fail(args, exc)
+    if wants_json(args):
+        print_json({"ok": True, "file": args.file, "tiers": _summary(cfg)})
+    else:
+        chain = " -> ".join(
+            f"{t.name} ({t.backend}, {t.write_policy}"
+            + (f", admit_after={t.admit_after}" if t.admit_after > 1 else "")
+            + ")"
+            for t in cfg.tiers
+        )
+        print(f"{args.file}: OK, {len(cfg.tiers)} tier(s): {chain}")
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    """Print the resolved, redacted configuration of ``args.file``."""
+    try:
+        cfg = load_config(Path(args.file))
+    except ConfigError as exc:
+        return _fail(args, exc)
+    doc = cfg.to_dict(redact=True)
+    if wants_json(args):
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        print(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False).rstrip())
+    return 0
+
+
+def render_schema_block(text: str) -> str:
+    """``text`` with the block between the schema markers replaced by fresh tables."""
+    begin = text.find(SCHEMA_BEGIN)
+    end = text.find(SCHEMA_END)
+    if begin < 0 or end < begin:
+        raise ValueError(f"no {SCHEMA_BEGIN} ... {SCHEMA_END} block")
+    return text[: begin + len(SCHEMA_BEGIN)] + "\n" + schema_markdown() + text[end:]
+
+
+def run_schema(args: argparse.Namespace) -> int:
+    """Print the schema tables, or refresh them in the given docs."""
+    if not args.write_docs:
+        print(schema_markdown(), end="")
+        return 0
+    status = 0
+    for name in args.write_docs:
+        path = Path(name)
+        try:
+            old = path.read_text(encoding="utf-8")
+            new = render_schema_block(old)
+        except (OSError, ValueError) as exc:
+            print(f"{name}: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        if new != old:
+            path.write_text(new, encoding="utf-8")
+            print(f"{name}: updated")
+        else:
+            print(f"{name}: up to date")
+    return status

@@ -1,0 +1,544 @@
+"""The tiered hierarchy: an ordered list of storage backends used as one.
+
+:class:`TieredHierarchy` is itself a :class:`~lmcache_core.StorageBackend` (the contract
+suite runs against it unchanged). Tiers come from the configuration
+(:func:`~lmcache_core.load_config`), fastest first.
+
+* **Lookups.** :meth:`TieredHierarchy.lookup_prefix` says how many leading chunks of a
+  prompt are available in any tier and which tier holds each, asking each tier once
+  (``batched_contains``) about the chunks the tiers above did not have. A tier that does
+  not answer within its ``lookup_deadline_ms`` is skipped for that lookup. With
+  ``lease_s`` the chunks found are pinned in their tier (where the tier can pin: the
+  ``cpu`` tier can) until :meth:`~TieredHierarchy.release` or the lease ends.
+* **Loads** (``get``, ``get_into`` and their batched forms) are served by the fastest tier
+  holding the chunk; a tier past its ``load_deadline_ms`` counts as a miss. A chunk found
+  below the top tier is promoted (``promote: true``, the default): copied, in the
+  background, into the top tier and the write-through tiers above it.
+* **Stores** go to the top tier (awaited) and flow down by each lower tier's ``write``
+  policy: ``through`` -- a background store on every put; ``back`` -- stored when the
+  tier above evicts the chunk (that tier must report evictions, as ``cpu`` does);
+  ``none`` -- never written. ``admit_after: N`` admits a chunk into a tier only from its
+  Nth sighting. Background stores never delay the caller beyond one copy of the value;
+  each tier's queue is bounded (``max_queue``, ``max_queue_latency_ms``) and sheds new
+  stores when full (counted as ``dropped_stores``). Loads are never shed.
+* **Failures.** A tier raising an ``Exception`` gives misses, skipped lookups or dropped
+  stores, counted as ``errors``, and is skipped with exponential backoff until a retry
+  succeeds; the caller never sees the exception (``asyncio.CancelledError`` and
+  ``KeyboardInterrupt`` propagate; so does ``BufferMismatchError``, which is the caller's).
+* **Close.** ``await close()`` drains: it waits up to ``drain_timeout_s`` for pending
+  background stores, tier by tier from the top (a tier's stores can evict into the next),
+  cancels what is left (counted as dropped with reason ``closed``), then closes the tiers.
+  :meth:`~TieredHierarchy.flush` waits for pending stores without closing.
+* **Statistics.** :meth:`~TieredHierarchy.stats` includes, per tier, hits, misses, bytes
+  in/out, load/lookup/store latency percentiles, queue depth, dropped stores and errors;
+  with ``stats_dir`` set they are also written to ``<stats_dir>/<pid>.json`` every
+  ``stats_interval_s`` (read by ``lmcache-core inspect``).
+* **Sync callers.** :meth:`~TieredHierarchy.try_get_into_threadsafe` serves a top-tier
+  hit from the calling thread when the top tier supports it (``cpu`` does);
+  :class:`~lmcache_core.SyncBackend` uses it, which saves the event-loop round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .backend import BaseBackend, Capabilities
+from .config import CacheConfig, load_config
+from .errors import ConfigError
+from .keys import CacheEngineKey, Namespace
+from .memory import copy_into
+from .stats import LatencyReservoir, StatsFileWriter
+from .tiering.leases import LeaseTable
+from .tiering.staging import CopyBudget, StagedChunk, StagingPool
+from .tiering.tier import Tier
+
+__all__ = ["PrefixLookup", "TieredHierarchy"]
+
+log = logging.getLogger("lmcache_core.hierarchy")
+
+
+@dataclass(frozen=True)
+class PrefixLookup:
+    """Result of :meth:`TieredHierarchy.lookup_prefix`.
+
+    ``num_hit`` leading keys are available; ``tiers[i]`` is the index of the fastest tier
+    holding key ``i`` (for ``i < num_hit``). ``skipped`` names tiers that were failing or
+    missed their lookup deadline; ``leased`` counts the hits pinned by this lookup.
+    """
+
+    num_hit: int
+    tiers: tuple[int, ...]
+    tier_names: tuple[str, ...] = field(repr=False)
+    skipped: tuple[str, ...] = ()
+    leased: int = 0
+
+    def tier_of(self, i: int) -> str:
+        """Name of the tier holding key ``i`` (``i < num_hit``)."""
+        return self.tier_names[self.tiers[i]]
+
+    def counts(self) -> dict[str, int]:
+        """Hit chunks per tier name."""
+        out = dict.fromkeys(self.tier_names, 0)
+        for t in self.tiers:
+            out[self.tier_names[t]] += 1
+        return out
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    if src.is_contiguous() and src.device.type == "cpu":
+        copy_into(dst, src)
+    else:
+        dst.copy_(src)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class TieredHierarchy(BaseBackend):
+    """An ordered list of tiers behaving as one backend (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: CacheConfig | None = None,
+        backends: Sequence[Any] | None = None,
+        *,
+        namespace: Namespace | None = None,
+        name: str = "hierarchy",
+    ) -> None:
+        cfg = config if config is not None else load_config(None)
+        super().__init__(cfg, namespace=namespace, name=name)
+        self.config = cfg
+        if backends is None:
+            backends = [t.create_backend(namespace) for t in cfg.tiers]
+        if len(backends) != len(cfg.tiers):
+            raise ValueError(
+                f"{len(cfg.tiers)} tiers configured but {len(backends)} backends given"
+            )
+        self.pool = StagingPool()
+        self.budget = CopyBudget()
+        self.tiers = [Tier(tc, b, self.pool) for tc, b in zip(cfg.tiers, backends, strict=True)]
+        self.capabilities = self._derive_capabilities()  # type: ignore[misc]
+        self.leases = LeaseTable()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lease_task: asyncio.Task[None] | None = None
+        self._stats_writer: StatsFileWriter | None = None
+        self._lookups = 0
+        self._lookup_latency = LatencyReservoir()
+        self._fast_lock = threading.Lock()
+        self._fast_hits = 0
+        self._fast_bytes = 0
+
+    @classmethod
+    def from_config(
+        cls,
+        config: Any = None,
+        *,
+        registry: Any = None,
+        namespace: Namespace | None = None,
+        name: str = "hierarchy",
+    ) -> TieredHierarchy:
+        """Build from a :class:`CacheConfig`, a mapping, a file path or ``None`` (one cpu
+        tier). ``registry`` resolves backend names (default: the process-wide registry).
+        Nothing is opened until :meth:`start`."""
+        return cls(load_config(config, registry=registry), namespace=namespace, name=name)
+
+    def _derive_capabilities(self) -> Capabilities:
+        persistent = any(
+            t.backend.capabilities.persistent and t.policy == "through" for t in self.tiers
+        )
+        shared = self.tiers[0].backend.capabilities.shared
+        return Capabilities(persistent=persistent, shared=shared, bounded=False, zero_copy=False)
+
+    def tier(self, name: str) -> Tier:
+        """The tier called ``name``."""
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    # ------------------------------------------------------------------ life cycle
+    async def _start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        started: list[Tier] = []
+        try:
+            for t in self.tiers:
+                await t.start()
+                started.append(t)
+        except ConfigError:
+            for t in started:
+                await t.close(0.0)
+            raise
+        for upper, lower in zip(self.tiers, self.tiers[1:], strict=False):
+            if lower.policy == "back":
+                upper.backend.set_eviction_listener(self._make_write_back(lower))
+        if self.config.stats_dir is not None:
+            self._stats_writer = StatsFileWriter(
+                self.config.stats_dir, self.config.stats_interval_s, self._stats_document
+            )
+            self._stats_writer.start()
+
+    async def _close(self) -> None:
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lease_task
+            self._lease_task = None
+        for key, idx in self.leases.pop_all():
+            self.tiers[idx].unpin(key)
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        for t in self.tiers:
+            await t.close(max(0.0, deadline - time.monotonic()))
+            listener = getattr(t.backend, "set_eviction_listener", None)
+            if callable(listener):
+                listener(None)
+        if self._stats_writer is not None:
+            await self._stats_writer.stop()
+            self._stats_writer = None
+
+    async def flush(self) -> None:
+        """Wait until every background store queued so far has finished (in all tiers)."""
+        self._check()
+        while True:
+            for t in self.tiers:
+                await t.writer.flush()
+            if all(t.writer.depth == 0 for t in self.tiers):
+                return
+
+    # ------------------------------------------------------------------ lookups
+    async def lookup_prefix(
+        self, keys: Sequence[CacheEngineKey], lease_s: float | None = None
+    ) -> PrefixLookup:
+        """How many leading ``keys`` are available, and where (see :class:`PrefixLookup`).
+
+        With ``lease_s``, the hits are pinned in their tier (where it can pin) until
+        :meth:`release` of the same keys or for ``lease_s`` seconds, whichever is first.
+        """
+        self._check()
+        t0 = time.perf_counter()
+        n = len(keys)
+        holder = [-1] * n
+        missing = list(range(n))
+        skipped: list[str] = []
+        pinned: list[int] = []
+        for t in self.tiers:
+            if not missing:
+                break
+            sub = keys if len(missing) == n else [keys[i] for i in missing]
+            found = await t.batched_contains(sub)
+            if found is None:
+                skipped.append(t.name)
+                continue
+            pending = t.writer
+            still: list[int] = []
+            pin = lease_s is not None and t.can_pin
+            for i, hit in zip(missing, found, strict=True):
+                if not hit and pending.depth and pending.has(keys[i]):
+                    hit = True  # on its way into this tier: loads can read the pending copy
+                if hit and pin and not t.pin(keys[i]):
+                    hit = False  # gone since the check
+                if hit:
+                    holder[i] = t.index
+                    if pin:
+                        pinned.append(i)
+                else:
+                    still.append(i)
+            missing = still
+        num_hit = missing[0] if missing else n
+        leased = 0
+        for i in pinned:
+            t = self.tiers[holder[i]]
+            if i < num_hit and lease_s is not None:
+                self.leases.add(keys[i], t.index, lease_s)
+                leased += 1
+            else:
+                t.unpin(keys[i])
+        if leased:
+            self._ensure_lease_sweeper()
+        self._lookups += 1
+        self._lookup_latency.add(time.perf_counter() - t0)
+        return PrefixLookup(
+            num_hit=num_hit,
+            tiers=tuple(holder[:num_hit]),
+            tier_names=tuple(t.name for t in self.tiers),
+            skipped=tuple(skipped),
+            leased=leased,
+        )
+
+    async def release(self, keys: Sequence[CacheEngineKey]) -> int:
+        """End one lease per key taken by :meth:`lookup_prefix`; returns how many ended."""
+        self._check()
+        undo = self.leases.release(keys)
+        for key, idx in undo:
+            self.tiers[idx].unpin(key)
+        return len(undo)
+
+    def _ensure_lease_sweeper(self) -> None:
+        if self._lease_task is None or self._lease_task.done():
+            self._lease_task = asyncio.get_running_loop().create_task(self._sweep_leases())
+
+    async def _sweep_leases(self) -> None:
+        while True:
+            nxt = self.leases.next_expiry()
+            if nxt is None:
+                self._lease_task = None
+                return
+            await asyncio.sleep(max(0.01, nxt - time.monotonic()))
+            for key, idx in self.leases.pop_expired():
+                self.tiers[idx].unpin(key)
+
+    async def _contains(self, key: CacheEngineKey) -> bool:
+        return (await self._batched_contains([key]))[0]
+
+    async def _batched_contains(self, keys: Sequence[CacheEngineKey]) -> list[bool]:
+        out = [False] * len(keys)
+        missing = list(range(len(keys)))
+        for t in self.tiers:
+            if not missing:
+                break
+            found = await t.batched_contains([keys[i] for i in missing])
+            if found is None:
+                continue
+            still = []
+            for i, hit in zip(missing, found, strict=True):
+                if hit or (t.writer.depth and t.writer.has(keys[i])):
+                    out[i] = True
+                else:
+                    still.append(i)
+            missing = still
+        return out
+
+    # ------------------------------------------------------------------ loads
+    async def _get(self, key: CacheEngineKey) -> torch.Tensor | None:
+        return (await self._batched_get([key]))[0]
+
+    async def _batched_get(self, keys: Sequence[CacheEngineKey]) -> list[torch.Tensor | None]:
+        out: list[torch.Tensor | None] = [None] * len(keys)
+        todo = list(range(len(keys)))
+        promote: list[tuple[int, Tier]] = []
+        for t in self.tiers:
+            if not todo:
+                break
+            sub = [keys[i] for i in todo]
+            values = await t.batched_get(sub)
+            still = []
+            for i, v in zip(todo, values, strict=True):
+                if v is None:
+                    v = self._pending_copy(t, keys[i])
+                if v is None:
+                    still.append(i)
+                else:
+                    out[i] = v
+                    if t.index > 0:
+                        promote.append((i, t))
+            todo = still
+        for i, t in promote:
+            value = out[i]
+            assert value is not None
+            await self._promote(keys[i], value, t)
+        return out
+
+    async def _get_into(self, key: CacheEngineKey, out: torch.Tensor) -> bool:
+        for t in self.tiers:
+            if await t.get_into(key, out) or self._pending_into(t, key, out):
+                if t.index > 0:
+                    await self._promote(key, out, t)
+                return True
+        return False
+
+    async def _batched_get_into(
+        self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor]
+    ) -> list[bool]:
+        hits = [False] * len(keys)
+        todo = list(range(len(keys)))
+        promote: list[tuple[int, Tier]] = []
+        for t in self.tiers:
+            if not todo:
+                break
+            res = await t.batched_get_into([keys[i] for i in todo], [outs[i] for i in todo])
+            still = []
+            for i, hit in zip(todo, res, strict=True):
+                if hit or self._pending_into(t, keys[i], outs[i]):
+                    hits[i] = True
+                    if t.index > 0:
+                        promote.append((i, t))
+                else:
+                    still.append(i)
+            todo = still
+        for i, t in promote:
+            await self._promote(keys[i], outs[i], t)
+        return hits
+
+    def _pending_copy(self, t: Tier, key: CacheEngineKey) -> torch.Tensor | None:
+        """A copy of a chunk waiting in ``t``'s store queue (not yet in the tier)."""
+        value = t.writer.peek(key)
+        if value is None:
+            return None
+        out = torch.empty(value.shape, dtype=value.dtype)
+        _copy(out, value)
+        return out
+
+    def _pending_into(self, t: Tier, key: CacheEngineKey, out: torch.Tensor) -> bool:
+        value = t.writer.peek(key)
+        if value is None or value.dtype != out.dtype or value.shape != out.shape:
+            return False
+        _copy(out, value)
+        return True
+
+    async def _promote(self, key: CacheEngineKey, value: torch.Tensor, src: Tier) -> None:
+        """Copy a chunk found in ``src`` into the top tier and the through tiers above ``src``."""
+        src.known.add(key)
+        if not src.cfg.promote:
+            return
+        targets = [
+            t
+            for t in self.tiers[: src.index]
+            if (t.index == 0 or t.policy == "through") and t.accepting()
+        ]
+        if not targets:
+            return
+        chunk = await self._stage(value)
+        for t in targets:
+            t.enqueue(key, chunk, "promote")
+        chunk.release()
+
+    async def _stage(self, value: torch.Tensor) -> StagedChunk:
+        buf = self.pool.take_like(value)
+        try:
+            if value.is_contiguous():
+                await self.budget.copy(buf, value)
+            else:
+                buf.copy_(value)
+        except asyncio.CancelledError:
+            raise  # a thread may still write into buf: never recycle it
+        except BaseException:
+            self.pool.give(buf)
+            raise
+        return StagedChunk(buf, self.pool)
+
+    # ------------------------------------------------------------------ stores
+    async def _put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
+        top = self.tiers[0]
+        lower = [
+            t for t in self.tiers[1:] if t.policy == "through" and t.admits(key) and t.accepting()
+        ]
+        stored = False
+        if top.admits(key):
+            stored = await top.put_now(key, value, donate and not lower)
+        if lower:
+            chunk = StagedChunk(value, None) if donate else await self._stage(value)
+            for t in lower:
+                t.enqueue(key, chunk, "through")
+            chunk.release()
+        return stored
+
+    def _make_write_back(self, target: Tier) -> Any:
+        """The eviction listener of the tier above ``target`` (its tensor is only valid
+        during the call: copy it)."""
+
+        def on_evict(key: CacheEngineKey, value: torch.Tensor) -> None:
+            if self._state != "started" or key in target.known or target.writer.queued(key):
+                return
+            if not target.admits(key) or not target.accepting():
+                return
+            buf = self.pool.take_like(value)
+            _copy(buf, value)
+            chunk = StagedChunk(buf, self.pool)
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is self._loop:
+                target.enqueue(key, chunk, "back")
+                chunk.release()
+            elif self._loop is not None:  # evicted from another thread: hand over to the loop
+
+                def enqueue() -> None:
+                    target.enqueue(key, chunk, "back")
+                    chunk.release()
+
+                self._loop.call_soon_threadsafe(enqueue)
+
+        return on_evict
+
+    async def _remove(self, key: CacheEngineKey) -> bool:
+        removed = False
+        for t in self.tiers:
+            if await t.remove(key):
+                removed = True
+        return removed
+
+    # ------------------------------------------------------------------ fast path
+    def try_get_into_threadsafe(self, key: CacheEngineKey, out: torch.Tensor) -> bool | None:
+        """Serve a top-tier hit from the calling thread; ``None``: use the async path.
+
+        Safe from any thread; used by :class:`~lmcache_core.SyncBackend`. Only a hit in a
+        healthy top tier without a load deadline is served here.
+        """
+        res = self.try_batched_get_into_threadsafe([key], [out])
+        return None if res is None else res[0]
+
+    def try_batched_get_into_threadsafe(
+        self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor]
+    ) -> list[bool | None] | None:
+        """Per key: ``True`` when served from the top tier here, ``None`` when the async
+        path must decide; ``None`` overall when nothing could be served."""
+        if self._state != "started":
+            return None
+        top = self.tiers[0]
+        fast = getattr(top.backend, "try_batched_get_into_threadsafe", None)
+        if fast is None or top.load_deadline is not None or not top.health.usable():
+            return None
+        try:
+            res = fast(keys, outs)
+        except Exception:
+            return None  # the async path will see (and count) the problem
+        if res is None:
+            return None
+        out: list[bool | None] = [True if r else None for r in res]
+        n_hit = sum(1 for r in res if r)
+        if n_hit:
+            nbytes = sum(_nbytes(o) for r, o in zip(res, outs, strict=True) if r)
+            with self._fast_lock:
+                self._fast_hits += n_hit
+                self._fast_bytes += nbytes
+        return out
+
+    # ------------------------------------------------------------------ statistics
+    def stats(self) -> dict[str, Any]:
+        """Hierarchy totals plus a ``tiers`` list with each tier's statistics."""
+        d = super().stats()
+        with self._fast_lock:
+            fast_hits, fast_bytes = self._fast_hits, self._fast_bytes
+        d["hits"] += fast_hits
+        d["bytes_read"] += fast_bytes
+        d["threadsafe_hits"] = fast_hits
+        d["lookups"] = self._lookups
+        d["lookup_latency"] = self._lookup_latency.as_dict()
+        d["leases"] = len(self.leases)
+        d["pending_stores"] = sum(t.writer.depth for t in self.tiers)
+        tiers = []
+        for t in self.tiers:
+            snap = t.snapshot()
+            if t.index == 0:
+                snap["hits"] += fast_hits
+                snap["bytes_out"] += fast_bytes
+            tiers.append(snap)
+        d["tiers"] = tiers
+        return d
+
+    def _stats_document(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "config": self.config.to_dict(redact=True),
+            "stats": self.stats(),
+        }

@@ -1,0 +1,122 @@
+"""Private copies of chunks on their way to background stores.
+
+A store returns before the lower tiers are written, and the caller may reuse its tensor
+at once, so the hierarchy keeps its own copy until every background store of it is done.
+The copies come from a :class:`StagingPool` that recycles buffers by size (fresh memory
+costs page faults: several times slower than copying into reused memory), and are shared
+between the tiers writing the same chunk through a reference-counted :class:`StagedChunk`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from ..memory import copy_into
+
+__all__ = ["CopyBudget", "StagedChunk", "StagingPool"]
+
+
+def flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's bytes as a flat uint8 view."""
+    flat = t.reshape(-1)
+    return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+
+
+class StagingPool:
+    """Recycles flat uint8 buffers by size, keeping at most ``max_free_bytes`` idle."""
+
+    def __init__(self, max_free_bytes: int = 256 << 20) -> None:
+        self.max_free_bytes = max_free_bytes
+        self._free: dict[int, list[torch.Tensor]] = {}
+        self._free_bytes = 0
+        self.allocated = 0
+        self.reused = 0
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        bucket = self._free.get(nbytes)
+        if bucket:
+            self._free_bytes -= nbytes
+            self.reused += 1
+            return bucket.pop()
+        self.allocated += 1
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def take_like(self, like: torch.Tensor) -> torch.Tensor:
+        """A recycled buffer viewed with ``like``'s dtype and shape."""
+        nbytes = like.numel() * like.element_size()
+        buf = self.take(nbytes)
+        if nbytes == 0:
+            return torch.empty(like.shape, dtype=like.dtype)
+        return buf.view(like.dtype).view(like.shape)
+
+    def give(self, t: torch.Tensor) -> None:
+        """Return a buffer (any view of one taken from this pool)."""
+        flat = flat_bytes(t) if t.numel() else t
+        n = flat.numel() * flat.element_size()
+        if n == 0 or self._free_bytes + n > self.max_free_bytes:
+            return
+        self._free.setdefault(n, []).append(flat)
+        self._free_bytes += n
+
+    @property
+    def free_bytes(self) -> int:
+        return self._free_bytes
+
+
+class StagedChunk:
+    """A chunk value shared by background stores; the buffer goes back when all are done."""
+
+    __slots__ = ("_pool", "_refs", "value")
+
+    def __init__(self, value: torch.Tensor, pool: StagingPool | None) -> None:
+        self.value = value
+        self._pool = pool
+        self._refs = 1
+
+    def retain(self) -> StagedChunk:
+        self._refs += 1
+        return self
+
+    def release(self, reusable: bool = True) -> None:
+        """Drop one reference. ``reusable=False`` (a store was cancelled mid-copy, a thread
+        may still read the buffer) keeps the buffer out of the pool."""
+        self._refs -= 1
+        if self._refs == 0 and self._pool is not None and reusable:
+            self._pool.give(self.value)
+            self._pool = None
+        elif not reusable:
+            self._pool = None
+
+
+class CopyBudget:
+    """Copies on the event loop without starving it.
+
+    Copies of at most ``yield_every_bytes`` per loop iteration run inline (a thread hop
+    costs more than a small copy); a task over budget yields first. Copies larger than
+    ``thread_bytes`` run in a worker thread (the memcpy releases the GIL).
+    """
+
+    def __init__(self, yield_every_bytes: int = 1 << 20, thread_bytes: int = 1 << 20) -> None:
+        self.yield_every_bytes = yield_every_bytes
+        self.thread_bytes = thread_bytes
+        self._used = 0
+        self._reset_pending = False
+
+    def _reset(self) -> None:
+        self._used = 0
+        self._reset_pending = False
+
+    async def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        n = dst.numel() * dst.element_size()
+        if n > self.thread_bytes:
+            await asyncio.to_thread(copy_into, dst, src)
+            return
+        while self._used and self._used + n > self.yield_every_bytes:
+            await asyncio.sleep(0)
+        if not self._reset_pending:
+            self._reset_pending = True
+            asyncio.get_running_loop().call_soon(self._reset)
+        self._used += n
+        copy_into(dst, src)

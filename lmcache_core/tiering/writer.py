@@ -1,0 +1,199 @@
+"""The bounded background-store queue of one tier.
+
+Stores to lower tiers never delay the caller: they are queued here and run by
+``concurrency`` worker tasks. The queue sheds load instead of growing: a new store is
+refused (and counted by the tier) when ``max_queue`` stores are pending or running, or
+while the oldest pending store has waited longer than ``max_latency_s``. A key already
+pending is not queued twice. Loads never pass through here, so they are never dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ..keys import CacheEngineKey
+from ..stats import TierStats
+from .staging import StagedChunk
+
+__all__ = ["WriteJob", "WriteQueue"]
+
+log = logging.getLogger("lmcache_core.hierarchy")
+
+
+@dataclass
+class WriteJob:
+    """One pending store: ``kind`` is ``through``, ``back`` or ``promote``."""
+
+    key: CacheEngineKey
+    chunk: StagedChunk
+    kind: str
+    enqueued_at: float = field(default_factory=time.monotonic)
+
+
+class WriteQueue:
+    """FIFO of :class:`WriteJob` with bounded depth and age, run by worker tasks."""
+
+    def __init__(
+        self,
+        store: Callable[[WriteJob], Awaitable[None]],
+        stats: TierStats,
+        *,
+        max_queue: int,
+        max_latency_s: float | None,
+        concurrency: int,
+        name: str = "",
+    ) -> None:
+        self._store = store
+        self._stats = stats
+        self.max_queue = max_queue
+        self.max_latency_s = max_latency_s
+        self.concurrency = concurrency
+        self.name = name
+        self._queued: OrderedDict[CacheEngineKey, WriteJob] = OrderedDict()
+        self._running: dict[CacheEngineKey, list[asyncio.Future[None]]] = {}
+        self._running_jobs: dict[CacheEngineKey, WriteJob] = {}
+        self._nrunning = 0
+        self._workers: list[asyncio.Task[None]] = []
+        self._has_work = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closed = False
+        self.completed = 0
+        self.cancelled = 0
+
+    @property
+    def depth(self) -> int:
+        """Stores pending or running."""
+        return len(self._queued) + self._nrunning
+
+    @property
+    def pending(self) -> int:
+        return len(self._queued)
+
+    def refusal(self) -> str | None:
+        """Why a new store would be dropped now (``None``: it would be accepted)."""
+        if self._closed:
+            return "closed"
+        if self.depth >= self.max_queue:
+            return "queue_full"
+        if self.max_latency_s is not None and self._queued:
+            oldest = next(iter(self._queued.values()))
+            if time.monotonic() - oldest.enqueued_at > self.max_latency_s:
+                return "queue_latency"
+        return None
+
+    def queued(self, key: CacheEngineKey) -> bool:
+        """Whether a store of ``key`` is waiting (not yet running)."""
+        return key in self._queued
+
+    def has(self, key: CacheEngineKey) -> bool:
+        """Whether a store of ``key`` is waiting or running."""
+        return key in self._queued or key in self._running_jobs
+
+    def peek(self, key: CacheEngineKey) -> torch.Tensor | None:
+        """The value a waiting or running store of ``key`` carries (read-only)."""
+        job = self._queued.get(key) or self._running_jobs.get(key)
+        return None if job is None else job.chunk.value
+
+    def enqueue(self, key: CacheEngineKey, chunk: StagedChunk, kind: str) -> bool:
+        """Queue a store of ``chunk`` (retained here); ``False`` if ``key`` is already pending."""
+        if key in self._queued:
+            self._stats.coalesced_stores += 1
+            return False
+        self._queued[key] = WriteJob(key, chunk.retain(), kind)
+        self._idle.clear()
+        self._has_work.set()
+        if len(self._workers) < self.concurrency:
+            loop = asyncio.get_running_loop()
+            self._workers.append(
+                loop.create_task(self._worker(), name=f"lmcache-write-{self.name}")
+            )
+        return True
+
+    def discard(self, key: CacheEngineKey) -> list[asyncio.Future[None]]:
+        """Forget a pending store of ``key``; return futures of stores of it already running."""
+        job = self._queued.pop(key, None)
+        if job is not None:
+            job.chunk.release()
+            self._update_idle()
+        return list(self._running.get(key, ()))
+
+    def _update_idle(self) -> None:
+        if not self._queued:
+            self._has_work.clear()
+            if self._nrunning == 0:
+                self._idle.set()
+
+    async def _worker(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._queued:
+                await self._has_work.wait()
+                continue
+            await asyncio.sleep(0)  # one store per loop iteration and worker: never starve it
+            if not self._queued:
+                continue
+            key, job = self._queued.popitem(last=False)
+            self._nrunning += 1
+            done: asyncio.Future[None] = loop.create_future()
+            self._running.setdefault(key, []).append(done)
+            self._running_jobs[key] = job
+            self._update_idle()
+            self._stats.queue_wait.add(time.monotonic() - job.enqueued_at)
+            reusable = True
+            try:
+                await self._store(job)
+                self.completed += 1
+            except asyncio.CancelledError:
+                reusable = False  # a copy may still be reading the buffer
+                self.cancelled += 1
+                raise
+            except Exception:  # the tier wrapper counts errors; never kill the worker
+                log.exception("background store to tier %r failed", self.name)
+            finally:
+                job.chunk.release(reusable)
+                futs = self._running.get(key)
+                if futs is not None:
+                    futs.remove(done)
+                    if not futs:
+                        del self._running[key]
+                if self._running_jobs.get(key) is job:
+                    del self._running_jobs[key]
+                done.set_result(None)
+                self._nrunning -= 1
+                self._update_idle()
+
+    async def flush(self) -> None:
+        """Wait until every store queued so far (and any queued meanwhile) has finished."""
+        await self._idle.wait()
+
+    async def close(self, timeout: float) -> int:
+        """Stop accepting stores, wait up to ``timeout`` s for pending ones, cancel the rest.
+
+        Returns how many stores were cancelled or never run.
+        """
+        self._closed = True
+        if self._workers:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), timeout)
+        dropped = len(self._queued)
+        for job in self._queued.values():
+            job.chunk.release()
+        self._queued.clear()
+        before = self.cancelled
+        for w in self._workers:
+            w.cancel()
+        for w in self._workers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await w
+        self._workers.clear()
+        self._idle.set()
+        return dropped + (self.cancelled - before)
