@@ -57,7 +57,7 @@ class CPUOptions:
     )
     yield_every_bytes: int = option(
         "4MiB",
-        doc="Yield to the event loop after this many bytes of inline copying.",
+        doc="At most this many bytes of inline copying per event-loop iteration.",
         kind="bytes",
         minimum=1,
     )
