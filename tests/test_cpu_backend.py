@@ -118,3 +118,22 @@ def test_buffers_are_reused() -> None:
         await b.close()
 
     run_async(body())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: pinned host memory")
+def test_pinned_buffers_and_device_values_when_cuda_is_available() -> None:  # pragma: no cover
+    async def body() -> None:
+        b = CPUBackend({"max_bytes": 64 * MiB})
+        await b.start()
+        assert b.stats()["pinned"] is True
+        k = make_key("gpu")
+        v = random_tensor((MiB,), torch.uint8, seed=1).cuda()
+        assert await b.put(k, v)
+        assert b._entries[k].buf.is_pinned()
+        out = torch.empty(MiB, dtype=torch.uint8, device="cuda")
+        assert await b.get_into(k, out)
+        assert torch.equal(out.cpu(), v.cpu())
+        await b.close()
+
+    run_async(body())
