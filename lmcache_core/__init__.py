@@ -8,24 +8,73 @@ the synchronous facade (:class:`SyncBackend`) and the built-in ``cpu`` backend.
 
 from __future__ import annotations
 
-from .backend import BaseBackend, Capabilities, StorageBackend
-from .config import CacheConfig, TierConfig, load_config
-from .default_plugins.cpu import CPUBackend, CPUOptions
-from .errors import (
-    BackendClosedError,
-    BackendNotStartedError,
-    BufferMismatchError,
-    ConfigError,
-    FormatError,
-    KeyFormatError,
-    LMCacheError,
-    SizeFormatError,
-)
-from .hierarchy import PrefixLookup, TieredHierarchy
-from .keys import FORMAT_VERSION, CacheEngineKey, Namespace
-from .sizes import format_bytes, parse_bytes
-from .sync import IOLoopThread, SyncBackend
-from .token_db import ChunkedTokenDatabase
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Exports are imported lazily (PEP 562): `import lmcache_core` stays cheap (no torch) for
+# the CLI and for vLLM's plugin entry point, which run in processes that may never store KV.
+if TYPE_CHECKING:
+    from .backend import BaseBackend, Capabilities, StorageBackend
+    from .config import CacheConfig, TierConfig, load_config
+    from .default_plugins.cpu import CPUBackend, CPUOptions
+    from .errors import (
+        BackendClosedError,
+        BackendNotStartedError,
+        BufferMismatchError,
+        ConfigError,
+        FormatError,
+        KeyFormatError,
+        LMCacheError,
+        SizeFormatError,
+    )
+    from .hierarchy import PrefixLookup, TieredHierarchy
+    from .keys import FORMAT_VERSION, CacheEngineKey, Namespace
+    from .sizes import format_bytes, parse_bytes
+    from .sync import IOLoopThread, SyncBackend
+    from .token_db import ChunkedTokenDatabase
+
+_EXPORTS = {
+    "BackendClosedError": "errors",
+    "BackendNotStartedError": "errors",
+    "BaseBackend": "backend",
+    "BufferMismatchError": "errors",
+    "CPUBackend": "default_plugins.cpu",
+    "CPUOptions": "default_plugins.cpu",
+    "CacheConfig": "config",
+    "CacheEngineKey": "keys",
+    "Capabilities": "backend",
+    "ChunkedTokenDatabase": "token_db",
+    "ConfigError": "errors",
+    "FORMAT_VERSION": "keys",
+    "FormatError": "errors",
+    "IOLoopThread": "sync",
+    "KeyFormatError": "errors",
+    "LMCacheError": "errors",
+    "Namespace": "keys",
+    "PrefixLookup": "hierarchy",
+    "SizeFormatError": "errors",
+    "StorageBackend": "backend",
+    "SyncBackend": "sync",
+    "TierConfig": "config",
+    "TieredHierarchy": "hierarchy",
+    "format_bytes": "sizes",
+    "load_config": "config",
+    "parse_bytes": "sizes",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lmcache_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __version__ = "0.1.0"
 
