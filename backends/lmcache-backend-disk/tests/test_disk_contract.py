@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from lmcache_backend_disk import DiskBackend
+
 from lmcache_core.testing import (
     BackendContract,
     CapacityContract,

@@ -345,14 +345,11 @@ class DiskBackend(DiskMaintenance, BaseBackend):
 
     # ================================================================== writes
     def _plan(self, key: CacheEngineKey, value: torch.Tensor) -> _Write:
-        if value.device.type != "cpu":
-            value = value.to("cpu")
-        if not value.is_contiguous():
-            value = value.contiguous()
         rel = self._rel(key)
         tmp = layout.temp_relpath(rel, self.owner, next(self._seq))
         key_str = key.to_string()
-        return _Write(key_str, rel, tmp, self.io.object_size(key_str, self._ns_json, value), value)
+        size = self.io.object_size(key_str, self._ns_json, value)
+        return _Write(key_str, rel, tmp, size, value)
 
     async def _put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
         return (await self._call(self._put_sync, [self._plan(key, value)]))[0]
@@ -491,7 +488,10 @@ class DiskBackend(DiskMaintenance, BaseBackend):
 
     def _write_sync(self, w: _Write) -> None:
         try:
-            self.io.write_temp(self._abs(w.tmp), w.key, self._ns_json, w.value)
+            value = w.value
+            if value.device.type != "cpu":
+                value = value.to("cpu")
+            self.io.write_temp(self._abs(w.tmp), w.key, self._ns_json, value.contiguous())
             w.written = True
         except OSError as exc:
             self.counters.store_failures += 1
