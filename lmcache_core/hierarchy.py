@@ -446,7 +446,10 @@ class TieredHierarchy(BaseBackend):
         during the call: copy it)."""
 
         def on_evict(key: CacheEngineKey, value: torch.Tensor) -> None:
-            if self._state != "started" or key in target.known or target.writer.queued(key):
+            if self._state != "started":
+                return
+            if key in target.known or target.writer.queued(key):
+                target.stats.known_skips += 1
                 return
             if not target.admits(key) or not target.accepting():
                 return

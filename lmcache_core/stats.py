@@ -107,6 +107,7 @@ class TierStats:
     lookup_found: int = 0
     promotions: int = 0
     write_backs: int = 0
+    known_skips: int = 0
     not_admitted: int = 0
     coalesced_stores: int = 0
     dropped_stores: int = 0

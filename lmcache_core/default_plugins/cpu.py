@@ -9,14 +9,20 @@
 * Copies up to ``inline_copy_bytes`` run on the event loop (a thread hop would cost more
   than the copy); larger ones run in a worker thread. The loop yields at least every
   ``yield_every_bytes`` of inline copying so other tasks are never starved.
+* ``pin(key)`` / ``unpin(key)`` keep an entry from eviction (the hierarchy's lookup
+  leases use them). ``try_batched_get_into_threadsafe`` serves loads from any thread
+  without the event loop (:class:`~lmcache_core.SyncBackend` uses it): the index and
+  reference counts are guarded by a lock that the loop-side bookkeeping also takes; the
+  copies themselves run outside it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +115,14 @@ class CPUBackend(BaseBackend):
         self._evictions = 0
         self._evicted_bytes = 0
         self._eviction_listener: EvictionListener | None = None
+        # Guards the index, reference counts and byte accounting against the loads that
+        # other threads serve through try_batched_get_into_threadsafe. Reentrant: the
+        # bookkeeping helpers nest.
+        self._lock = threading.RLock()
+        self._pins: dict[CacheEngineKey, list[_Entry]] = {}
+        self._thread_hits = 0
+        self._thread_misses = 0
+        self._thread_bytes = 0
 
     # ------------------------------------------------------------------ life cycle
     async def _start(self) -> None:
@@ -119,9 +133,11 @@ class CPUBackend(BaseBackend):
         self._pin = cuda and want != "false"
 
     async def _close(self) -> None:
-        self._entries.clear()
-        self._free.clear()
-        self._used = self._free_bytes = self._reserved = 0
+        with self._lock:
+            self._entries.clear()
+            self._pins.clear()
+            self._free.clear()
+            self._used = self._free_bytes = self._reserved = 0
 
     def set_eviction_listener(self, listener: EvictionListener | None) -> None:
         """Call ``listener(key, tensor)`` before an entry is evicted for capacity.
@@ -134,6 +150,10 @@ class CPUBackend(BaseBackend):
     # ------------------------------------------------------------------ memory
     def _alloc(self, nbytes: int) -> torch.Tensor | None:
         """A flat uint8 buffer of ``nbytes``, recycled when possible; ``None`` if no room."""
+        with self._lock:
+            return self._alloc_locked(nbytes)
+
+    def _alloc_locked(self, nbytes: int) -> torch.Tensor | None:
         bucket = self._free.get(nbytes)
         if bucket:
             self._free_bytes -= nbytes
@@ -162,6 +182,10 @@ class CPUBackend(BaseBackend):
         n = buf.numel()
         if n == 0:
             return
+        with self._lock:
+            self._recycle_locked(buf, n)
+
+    def _recycle_locked(self, buf: torch.Tensor, n: int) -> None:
         if self._used + self._free_bytes + self._reserved + n > self.max_bytes:
             return  # let it go: keeping it would exceed the bound
         self._free.setdefault(n, []).append(buf)
@@ -169,12 +193,25 @@ class CPUBackend(BaseBackend):
 
     def _release(self, entry: _Entry) -> None:
         """Entry no longer indexed: free its buffer once nobody reads it."""
-        entry.stale = True
-        if entry.users == 0:
-            self._used -= entry.nbytes
-            self._recycle(entry.buf)
+        with self._lock:
+            entry.stale = True
+            if entry.users == 0:
+                self._used -= entry.nbytes
+                self._recycle(entry.buf)
+
+    def _unuse(self, entry: _Entry) -> None:
+        """Drop one reader or pin of ``entry``; free it if it was released meanwhile."""
+        with self._lock:
+            entry.users -= 1
+            if entry.stale and entry.users == 0:
+                self._used -= entry.nbytes
+                self._recycle(entry.buf)
 
     def _evict_one(self) -> bool:
+        with self._lock:
+            return self._evict_one_locked()
+
+    def _evict_one_locked(self) -> bool:
         for key, entry in self._entries.items():
             if entry.users == 0:
                 del self._entries[key]
@@ -221,6 +258,10 @@ class CPUBackend(BaseBackend):
     async def _contains(self, key: CacheEngineKey) -> bool:
         return key in self._entries
 
+    async def _batched_contains(self, keys: Sequence[CacheEngineKey]) -> list[bool]:
+        entries = self._entries
+        return [k in entries for k in keys]
+
     async def _get(self, key: CacheEngineKey) -> torch.Tensor | None:
         entry = self._entries.get(key)
         if entry is None:
@@ -242,16 +283,15 @@ class CPUBackend(BaseBackend):
         return True
 
     async def _read(self, key: CacheEngineKey, entry: _Entry, out: torch.Tensor) -> None:
-        self._entries.move_to_end(key)
-        entry.users += 1
+        with self._lock:
+            if not entry.stale:
+                self._entries.move_to_end(key)
+            entry.users += 1
         try:
             if entry.nbytes:
                 await self._copy(_flat_bytes(out), entry.buf)
         finally:
-            entry.users -= 1
-            if entry.stale and entry.users == 0:
-                self._used -= entry.nbytes
-                self._recycle(entry.buf)
+            self._unuse(entry)
 
     async def _put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
         if value.device.type != "cpu":
@@ -277,31 +317,40 @@ class CPUBackend(BaseBackend):
             # Overwrite in place: the copy runs without an await once started, so no
             # reader can see it half done and a cancellation leaves the old value.
             await self._copy_budget(nbytes)
-            if old is self._entries.get(key) and old.users == 0:
-                copy_into(old.buf, src)
-                old.dtype, old.shape = value.dtype, value.shape
-                self._entries.move_to_end(key)
-                return True
-        fresh = self._alloc(nbytes)
-        if fresh is None:
-            return False
-        buf = fresh
-        self._reserved += nbytes
+            with self._lock:  # no thread may start reading it meanwhile
+                if old is self._entries.get(key) and old.users == 0:
+                    copy_into(old.buf, src)
+                    old.dtype, old.shape = value.dtype, value.shape
+                    self._entries.move_to_end(key)
+                    return True
+        with self._lock:
+            fresh = self._alloc(nbytes)
+            if fresh is None:
+                return False
+            buf = fresh
+            self._reserved += nbytes
         try:
             await self._copy(buf, src)
         except asyncio.CancelledError:
             # A worker thread may still be writing into buf: never recycle it.
-            self._reserved -= nbytes
+            with self._lock:
+                self._reserved -= nbytes
             raise
         except BaseException:
-            self._reserved -= nbytes
-            self._recycle(buf)
+            with self._lock:
+                self._reserved -= nbytes
+                self._recycle(buf)
             raise
-        self._reserved -= nbytes
-        self._install(key, _Entry(buf, value.dtype, value.shape))
+        with self._lock:
+            self._reserved -= nbytes
+            self._install(key, _Entry(buf, value.dtype, value.shape))
         return True
 
     def _make_room(self, nbytes: int, exclude: CacheEngineKey) -> bool:
+        with self._lock:
+            return self._make_room_locked(nbytes)
+
+    def _make_room_locked(self, nbytes: int) -> bool:
         while self._used + self._free_bytes + self._reserved + nbytes > self.max_bytes:
             if self._free_bytes:
                 self._drop_free_buffer()
@@ -310,20 +359,110 @@ class CPUBackend(BaseBackend):
         return True
 
     def _install(self, key: CacheEngineKey, entry: _Entry) -> None:
-        old = self._entries.pop(key, None)
-        self._entries[key] = entry
-        self._used += entry.nbytes
-        if old is not None:
-            self._release(old)
+        with self._lock:
+            old = self._entries.pop(key, None)
+            self._entries[key] = entry
+            self._used += entry.nbytes
+            if old is not None:
+                self._release(old)
 
     async def _remove(self, key: CacheEngineKey) -> bool:
-        entry = self._entries.pop(key, None)
-        if entry is None:
-            return False
-        self._release(entry)
-        return True
+        with self._lock:
+            entry = self._entries.pop(key, None)
+            if entry is None:
+                return False
+            self._release(entry)
+            return True
+
+    # ------------------------------------------------------------------ pins
+    def pin(self, key: CacheEngineKey) -> bool:
+        """Keep the entry stored under ``key`` from eviction until :meth:`unpin`.
+
+        Pins nest (pin twice, unpin twice). ``False`` when ``key`` is not stored. A pinned
+        entry can still be removed or overwritten explicitly; its memory is kept until
+        the last unpin. Safe from any thread.
+        """
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return False
+            entry.users += 1
+            self._pins.setdefault(key, []).append(entry)
+            return True
+
+    def unpin(self, key: CacheEngineKey) -> bool:
+        """Undo the oldest :meth:`pin` of ``key``; ``False`` when it was not pinned."""
+        with self._lock:
+            pinned = self._pins.get(key)
+            if not pinned:
+                return False
+            entry = pinned.pop(0)
+            if not pinned:
+                del self._pins[key]
+            self._unuse(entry)
+            return True
+
+    # ------------------------------------------------------------------ thread-safe loads
+    def try_batched_get_into_threadsafe(
+        self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor]
+    ) -> list[bool | None] | None:
+        """Serve ``get_into`` for each pair from the calling thread, without the event loop.
+
+        Per pair: ``True`` (loaded), ``False`` (not stored) or ``None`` (not decided here:
+        a buffer of the wrong kind; the async ``batched_get_into`` will say why). ``None``
+        overall when the backend is not started. The copy runs outside the lock, with the
+        entry referenced so it is neither evicted nor recycled meanwhile.
+        """
+        if self._state != "started" or len(keys) != len(outs):
+            return None
+        results: list[bool | None] = []
+        for key, out in zip(keys, outs, strict=True):
+            if (
+                not isinstance(key, CacheEngineKey)
+                or not isinstance(out, torch.Tensor)
+                or out.device.type != "cpu"
+                or not out.is_contiguous()
+            ):
+                results.append(None)
+                continue
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry is None:
+                    self._thread_misses += 1
+                    results.append(False)
+                    continue
+                if entry.dtype != out.dtype or entry.shape != out.shape:
+                    results.append(None)
+                    continue
+                self._entries.move_to_end(key)
+                entry.users += 1
+            ok = True
+            try:
+                if entry.nbytes:
+                    copy_into(out, entry.buf)
+            except Exception:
+                ok = False
+            finally:
+                self._unuse(entry)
+            if ok:
+                with self._lock:
+                    self._thread_hits += 1
+                    self._thread_bytes += entry.nbytes
+            results.append(True if ok else None)
+        return results
 
     # ------------------------------------------------------------------ introspection
+    def stats(self) -> dict[str, Any]:
+        """Counters and usage, including loads served by other threads."""
+        d = super().stats()
+        with self._lock:
+            d["hits"] += self._thread_hits
+            d["misses"] += self._thread_misses
+            d["bytes_read"] += self._thread_bytes
+            d["threadsafe_hits"] = self._thread_hits
+            d["pinned_entries"] = sum(len(v) for v in self._pins.values())
+        return d
+
     def _usage(self) -> dict[str, Any]:
         return {
             "entries": len(self._entries),
@@ -337,4 +476,5 @@ class CPUBackend(BaseBackend):
 
     def keys(self) -> list[CacheEngineKey]:
         """Stored keys, least recently used first."""
-        return list(self._entries)
+        with self._lock:
+            return list(self._entries)
