@@ -1,0 +1,159 @@
+"""``LMCacheCoreConnector``: a vLLM v1 KV connector backed by lmcache-core's tiered storage.
+
+Use it with ``--kv-transfer-config`` (``kv_connector: "LMCacheCoreConnector"``, registered
+by the ``vllm.general_plugins`` entry point, or with ``kv_connector_module_path:
+"lmcache_core.integrations.vllm.connector"``). vLLM builds one instance per role: the
+scheduler side (:mod:`.scheduler_side`) in the engine-core process and one worker side
+(:mod:`.worker_side`) per tensor-parallel rank in the worker processes. See
+``docs/vllm.md``.
+
+Loads are synchronous (done in ``start_load_kv`` before the forward pass) and saves too
+(``wait_for_save`` after it), so a request never waits for the connector between steps
+and ``get_finished`` has nothing to report.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorWorkerMetadata,
+)
+
+from .context import build_context
+from .metadata import StepMetadata
+from .scheduler_side import SchedulerSide
+from .worker_side import WorkerSide
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+__all__ = ["LMCacheCoreConnector"]
+
+log = logging.getLogger("vllm.lmcache_core.connector")
+
+
+class LMCacheCoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
+    """vLLM KV connector storing prompt chunks in an lmcache-core tiered hierarchy."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        role: KVConnectorRole,
+        kv_cache_config: KVCacheConfig,
+    ) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        ctx = build_context(vllm_config, kv_cache_config)
+        self._scheduler: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            if ctx.failure_policy != "recompute":
+                log.error(
+                    "LMCacheCoreConnector: kv_load_failure_policy is %r, so a chunk that cannot "
+                    "be loaded (evicted, corrupted) fails its request; set "
+                    '"kv_load_failure_policy": "recompute" in --kv-transfer-config',
+                    ctx.failure_policy,
+                )
+            self._scheduler = SchedulerSide(ctx)
+        else:
+            self._worker = WorkerSide(ctx, vllm_config, kv_cache_config)
+            log.info("LMCacheCoreConnector worker-side connector created in pid=%d", os.getpid())
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """A dropped save is a future miss, never a correctness problem."""
+        return False
+
+    # ------------------------------------------------------------------ worker side
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        if self._worker is not None:
+            self._worker.register_kv_caches(kv_caches)
+
+    def _meta(self) -> StepMetadata | None:
+        if not self.has_connector_metadata():
+            return None
+        meta = self._get_connector_metadata()
+        return meta if isinstance(meta, StepMetadata) else None
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._meta()
+        if self._worker is not None and meta is not None:
+            self._worker.start_load(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Loads complete in :meth:`start_load_kv`, before the forward pass."""
+        return
+
+    def save_kv_layer(
+        self,
+        layer_name: str,
+        kv_layer: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        **kwargs: Any,
+    ) -> None:
+        """Chunks are saved whole (all layers) in :meth:`wait_for_save`."""
+        return
+
+    def wait_for_save(self) -> None:
+        meta = self._meta()
+        if self._worker is not None and meta is not None:
+            self._worker.save(meta)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return None, None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.take_errors() if self._worker is not None else set()
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        return self._worker.take_report() if self._worker is not None else None
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+        if self._scheduler is not None:
+            self._scheduler.close()
+
+    # ------------------------------------------------------------------ scheduler side
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        assert self._scheduler is not None
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        assert self._scheduler is not None
+        self._scheduler.update_state_after_alloc(request, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        assert self._scheduler is not None
+        return self._scheduler.build_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        if self._scheduler is not None:
+            self._scheduler.update_connector_output(connector_output)
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        if self._scheduler is not None:
+            self._scheduler.request_finished(request)
+        return False, None
+
+    def get_kv_connector_stats(self) -> None:
+        return None

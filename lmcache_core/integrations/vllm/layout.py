@@ -1,0 +1,242 @@
+"""Which vLLM KV caches the connector can copy, and the whole-block copies themselves.
+
+vLLM 0.32 hands every attention layer's cache to connectors as a 4-D *logical* view
+``[B, H, N, C]`` (blocks, KV heads, tokens per block, K|V content) over one of the
+physical layouts of :class:`vllm.v1.kv_cache_layout.KVCacheLayout` (``LBHNC`` = HND,
+``LBNHC`` = NHD, and the cross-layer ``BL..`` variants). Inside a block the CPU backend
+stores K transposed and then V, so the bytes of a block are only meaningful to the same
+backend and layout: the connector copies **whole blocks**, in logical order, and records
+the device type, layout and block shape in the namespace.
+
+A stored chunk is one contiguous tensor ``[num_layers, blocks_per_chunk, *block_shape]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "SUPPORTED_BACKENDS",
+    "SUPPORTED_LAYOUTS",
+    "BlockCopier",
+    "LayoutInfo",
+    "UnsupportedModel",
+    "check_attention_backends",
+    "describe_layout",
+]
+
+#: Attention backends whose cache content the connector understands, per device type.
+SUPPORTED_BACKENDS = {
+    "cpu": frozenset({"CPU_ATTN"}),
+    "cuda": frozenset({"FLASH_ATTN", "FLASHINFER"}),
+}
+#: Physical layouts (``KVCacheLayout`` names) the copies are tested with.
+SUPPORTED_LAYOUTS = frozenset({"LBHNC", "LBNHC", "BLHNC", "BLNHC", "LHBNC", "BHLNC"})
+_QUANT_MODES_OK = frozenset({0, 1})  # KVQuantMode.NONE, KVQuantMode.FP8_PER_TENSOR
+
+
+class UnsupportedModel(Exception):
+    """The model or cache layout is one the connector cannot serve (the message says why)."""
+
+
+@dataclass(frozen=True)
+class LayoutInfo:
+    """What the namespace records about the KV cache, identical on every process."""
+
+    device_type: str
+    layout: str
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    head_size_v: int
+    dtype: str
+    cache_dtype: str
+    layer_names: tuple[str, ...]
+
+    @property
+    def kv_layout(self) -> str:
+        """The namespace's ``kv_layout`` string."""
+        return (
+            f"vllm:{self.device_type}:{self.layout}:h{self.num_kv_heads}"
+            f":k{self.head_size}:v{self.head_size_v}"
+        )
+
+    @property
+    def kv_dtype(self) -> str:
+        """The namespace's ``kv_dtype`` string (storage dtype and vLLM's cache dtype)."""
+        return f"{self.dtype}/{self.cache_dtype}"
+
+
+def describe_layout(vllm_config: Any, kv_cache_config: Any) -> LayoutInfo:
+    """Check the model's KV cache groups and return the layout description.
+
+    Raises :class:`UnsupportedModel` for hybrid/Mamba models, MLA, sliding-window or
+    chunked-local attention, packed/quantized caches and unknown layouts.
+    """
+    groups = list(kv_cache_config.kv_cache_groups)
+    if len(groups) != 1:
+        kinds = sorted({type(g.kv_cache_spec).__name__ for g in groups})
+        raise UnsupportedModel(
+            f"the model has {len(groups)} KV cache groups ({', '.join(kinds)}); only models "
+            "with one group of full attention layers are supported (no hybrid/Mamba models)"
+        )
+    spec = groups[0].kv_cache_spec
+    kind = type(spec).__name__
+    if kind != "FullAttentionSpec":
+        raise UnsupportedModel(
+            f"KV cache spec {kind} is not supported (MLA, sliding-window, Mamba and other "
+            "special attention kinds are not handled); only FullAttentionSpec is"
+        )
+    if getattr(spec, "sliding_window", None) is not None:
+        raise UnsupportedModel("sliding-window attention is not supported")
+    if getattr(spec, "attention_chunk_size", None) is not None:
+        raise UnsupportedModel("chunked local attention is not supported")
+    for attr in ("page_size_padded", "num_head_slots", "state_content_bytes"):
+        if getattr(spec, attr, None) is not None:
+            raise UnsupportedModel(f"packed KV pages ({attr} is set) are not supported")
+    if getattr(spec, "tokens_per_state", 1) != 1:
+        raise UnsupportedModel("KV caches storing other than one state per token are not supported")
+    quant = int(getattr(spec, "kv_quant_mode", 0))
+    if quant not in _QUANT_MODES_OK:
+        raise UnsupportedModel(f"KV cache quantization mode {quant} is not supported")
+    if (
+        getattr(spec, "dcp_sharded", False)
+        and _parallel(vllm_config, "decode_context_parallel_size") > 1
+    ):
+        raise UnsupportedModel("decode context parallelism is not supported")
+    if _parallel(vllm_config, "pipeline_parallel_size") > 1:
+        raise UnsupportedModel("pipeline parallelism is not supported (tensor parallelism is)")
+    cache_config = vllm_config.cache_config
+    layout = kv_cache_config.kv_cache_layout or getattr(cache_config, "kv_cache_layout", None)
+    if layout is None:
+        raise UnsupportedModel("vLLM has not resolved the KV cache layout")
+    layout = {"HND": "LBHNC", "NHD": "LBNHC"}.get(str(layout), str(layout))
+    if layout not in SUPPORTED_LAYOUTS:
+        raise UnsupportedModel(f"KV cache layout {layout} is not supported")
+    device_type = str(vllm_config.device_config.device_type)
+    if device_type not in SUPPORTED_BACKENDS:
+        raise UnsupportedModel(f"device type {device_type!r} is not supported (cpu or cuda)")
+    return LayoutInfo(
+        device_type=device_type,
+        layout=layout,
+        block_size=int(spec.block_size),
+        num_kv_heads=int(spec.num_kv_heads),
+        head_size=int(spec.head_size),
+        head_size_v=int(spec.head_size_v),
+        dtype=str(spec.dtype).removeprefix("torch."),
+        cache_dtype=str(getattr(cache_config, "cache_dtype", "auto")),
+        layer_names=tuple(groups[0].layer_names),
+    )
+
+
+def _parallel(vllm_config: Any, name: str) -> int:
+    return int(getattr(vllm_config.parallel_config, name, 1) or 1)
+
+
+def check_attention_backends(device_type: str, backend_names: dict[str, str]) -> None:
+    """Raise :class:`UnsupportedModel` unless every layer uses a supported backend."""
+    allowed = SUPPORTED_BACKENDS.get(device_type, frozenset())
+    bad = sorted({name for name in backend_names.values() if name not in allowed})
+    if bad:
+        raise UnsupportedModel(
+            f"attention backend(s) {bad} on {device_type} are not supported "
+            f"(supported: {sorted(allowed)})"
+        )
+
+
+class BlockCopier:
+    """Gathers whole blocks of every layer into a chunk tensor and scatters them back.
+
+    ``caches`` are the per-layer logical views in layer order; ``num_blocks`` is the
+    manager's block count (a cache split into kernel blocks is regrouped so that one
+    index is one manager block).
+    """
+
+    def __init__(self, caches: Sequence[torch.Tensor], num_blocks: int) -> None:
+        if not caches:
+            raise UnsupportedModel("no KV cache tensors were registered")
+        views = [_group_blocks(c, num_blocks) for c in caches]
+        first = views[0]
+        for v in views[1:]:
+            if v.shape != first.shape or v.dtype != first.dtype or v.device != first.device:
+                raise UnsupportedModel(
+                    f"layers have different KV cache shapes or dtypes: {tuple(first.shape)} "
+                    f"{first.dtype} vs {tuple(v.shape)} {v.dtype}"
+                )
+        self.views = views
+        self.num_layers = len(views)
+        self.num_blocks = num_blocks
+        self.block_shape = tuple(first.shape[1:])
+        self.dtype = first.dtype
+        self.device = first.device
+        self._on_cpu = first.device.type == "cpu"
+
+    @property
+    def block_nbytes(self) -> int:
+        """Bytes of one block over all layers."""
+        n = self.num_layers * first_numel(self.block_shape)
+        return n * torch.empty((), dtype=self.dtype).element_size()
+
+    def chunk_shape(self, blocks_per_chunk: int) -> tuple[int, ...]:
+        """Shape of a stored chunk of ``blocks_per_chunk`` blocks."""
+        return (self.num_layers, blocks_per_chunk, *self.block_shape)
+
+    def _index(self, block_ids: Sequence[int]) -> torch.Tensor:
+        bad = [b for b in block_ids if not 0 <= b < self.num_blocks]
+        if bad:
+            raise IndexError(f"block ids {bad[:4]} out of range [0, {self.num_blocks})")
+        return torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
+
+    def gather(self, block_ids: Sequence[int], out: torch.Tensor) -> None:
+        """Copy blocks ``block_ids`` of every layer into ``out[:, :len(block_ids)]``."""
+        n = len(block_ids)
+        if n == 0:
+            return
+        idx = self._index(block_ids)
+        for layer, view in enumerate(self.views):
+            dst = out[layer, :n]
+            if self._on_cpu and dst.is_contiguous():
+                torch.index_select(view, 0, idx, out=dst)
+            else:
+                dst.copy_(view.index_select(0, idx))
+
+    def scatter(self, src: torch.Tensor, block_ids: Sequence[int]) -> None:
+        """Copy ``src[:, j]`` into block ``block_ids[j]`` of every layer."""
+        n = len(block_ids)
+        if n == 0:
+            return
+        if src.shape[0] != self.num_layers or src.shape[1] != n:
+            raise ValueError(f"source shape {tuple(src.shape)} does not match {n} blocks")
+        idx = self._index(block_ids)
+        for layer, view in enumerate(self.views):
+            part = src[layer]
+            if not self._on_cpu:
+                part = part.to(self.device, non_blocking=True)
+            view.index_copy_(0, idx, part)
+
+
+def first_numel(shape: Sequence[int]) -> int:
+    """Number of elements of ``shape``."""
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _group_blocks(cache: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    if cache.dim() != 4:
+        raise UnsupportedModel(
+            f"KV cache view has shape {tuple(cache.shape)}; expected the 4-D [B, H, N, C] view"
+        )
+    if cache.shape[0] == num_blocks:
+        return cache
+    if num_blocks <= 0 or cache.shape[0] % num_blocks:
+        raise UnsupportedModel(
+            f"KV cache has {cache.shape[0]} blocks, not a multiple of the {num_blocks} manager blocks"
+        )
+    grouped: torch.Tensor = cache.view(num_blocks, -1, *cache.shape[1:])
+    return grouped

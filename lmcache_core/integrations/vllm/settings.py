@@ -1,0 +1,123 @@
+"""The connector's settings, read from vLLM's ``kv_connector_extra_config``.
+
+``kv_connector_extra_config`` holds the storage configuration (the
+:func:`lmcache_core.config.load_config` schema) either inline under ``"config"`` or as a
+YAML/JSON file under ``"config_file"``, plus the connector's own options (see
+:class:`ConnectorOptions`)::
+
+    {"config": {"chunk_size": 256, "tiers": [{"name": "cpu", "backend": "cpu"}]},
+     "model_revision": "v1"}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...errors import ConfigError
+from ...options import build_options, option
+
+__all__ = ["DEFAULT_STORAGE_CONFIG", "ConnectorOptions", "ConnectorSettings", "parse_settings"]
+
+#: Storage used when neither ``config`` nor ``config_file`` is given.
+DEFAULT_STORAGE_CONFIG: dict[str, Any] = {
+    "chunk_size": 256,
+    "tiers": [{"name": "cpu", "backend": "cpu", "options": {"max_bytes": "2GiB"}}],
+}
+
+
+@dataclass(frozen=True)
+class ConnectorOptions:
+    """Options of the vLLM connector itself (next to ``config``/``config_file``)."""
+
+    model_name: str | None = option(
+        None,
+        kind="str",
+        doc="Model name in keys (default: hub repo id, else the model directory's name).",
+    )
+    model_revision: str | None = option(
+        None,
+        kind="str",
+        doc="Model revision in keys (default: hub snapshot commit, else SHA-256 of the weights).",
+    )
+    use_vllm_block_hashes: bool = option(
+        False,
+        doc="Key chunks from vLLM's block hashes when they are reproducible across processes.",
+    )
+    stats_dir: str | None = option(
+        None, kind="path", doc="Write each connector's counters to <stats_dir>/<role>-<pid>.json."
+    )
+    max_staging_bytes: int = option(
+        "256MiB", kind="bytes", minimum=1, doc="Bound on the reused staging buffers of a worker."
+    )
+    index_max_chunks: int = option(
+        1_000_000,
+        minimum=1,
+        doc="Chunks the scheduler remembers as stored by its workers (LRU beyond).",
+    )
+
+
+@dataclass(frozen=True)
+class ConnectorSettings:
+    """Parsed ``kv_connector_extra_config``: the storage config plus connector options."""
+
+    storage: dict[str, Any]
+    options: ConnectorOptions
+    source: str = "<default>"
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    p = Path(os.path.expanduser(path))
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {p}: {exc}", "config_file") from exc
+    data: Any
+    if p.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"{p} is not valid JSON: {exc}", "config_file") from exc
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p} is not valid YAML: {exc}", "config_file") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p} must hold a mapping", "config_file")
+    return data
+
+
+def parse_settings(extra: Mapping[str, Any] | None) -> ConnectorSettings:
+    """Validate ``kv_connector_extra_config``; errors name the offending key."""
+    extra = dict(extra or {})
+    has_cfg, has_file = "config" in extra, "config_file" in extra
+    if has_cfg and has_file:
+        raise ConfigError(
+            "give either 'config' or 'config_file', not both", "kv_connector_extra_config"
+        )
+    if has_cfg:
+        storage = extra.pop("config")
+        if not isinstance(storage, dict):
+            raise ConfigError(
+                "must be a mapping (the lmcache-core config)", "kv_connector_extra_config.config"
+            )
+        source = "kv_connector_extra_config.config"
+    elif has_file:
+        path = extra.pop("config_file")
+        if not isinstance(path, str):
+            raise ConfigError("must be a path string", "kv_connector_extra_config.config_file")
+        storage = _read_file(path)
+        source = path
+    else:
+        storage = json.loads(json.dumps(DEFAULT_STORAGE_CONFIG))
+        source = "<default>"
+    options = build_options(ConnectorOptions, extra, path="kv_connector_extra_config")
+    return ConnectorSettings(storage=storage, options=options, source=source, raw=dict(extra))
