@@ -129,6 +129,7 @@ class TieredHierarchy(BaseBackend):
         self.tiers = [Tier(tc, b, self.pool) for tc, b in zip(cfg.tiers, backends, strict=True)]
         self.capabilities = self._derive_capabilities()  # type: ignore[misc]
         self.leases = LeaseTable()
+        self._tier_names = tuple(t.name for t in self.tiers)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lease_task: asyncio.Task[None] | None = None
         self._stats_writer: StatsFileWriter | None = None
@@ -193,8 +194,8 @@ class TieredHierarchy(BaseBackend):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._lease_task
             self._lease_task = None
-        for key, idx in self.leases.pop_all():
-            self.tiers[idx].unpin(key)
+        for idx, _, handle in self.leases.pop_all():
+            self.tiers[idx].unpin(handle)
         deadline = time.monotonic() + self.config.drain_timeout_s
         for t in self.tiers:
             await t.close(max(0.0, deadline - time.monotonic()))
@@ -227,9 +228,9 @@ class TieredHierarchy(BaseBackend):
         t0 = time.perf_counter()
         n = len(keys)
         holder = [-1] * n
+        handles: list[object | None] = [None] * n if lease_s is not None else []
         missing = list(range(n))
         skipped: list[str] = []
-        pinned: list[int] = []
         for t in self.tiers:
             if not missing:
                 break
@@ -238,38 +239,47 @@ class TieredHierarchy(BaseBackend):
             if found is None:
                 skipped.append(t.name)
                 continue
-            pending = t.writer
+            writer = t.writer
+            check_pending = writer.depth > 0
+            pin = t.pin if lease_s is not None and t.can_pin else None
             still: list[int] = []
-            pin = lease_s is not None and t.can_pin
             for i, hit in zip(missing, found, strict=True):
-                if not hit and pending.depth and pending.has(keys[i]):
-                    hit = True  # on its way into this tier: loads can read the pending copy
-                if hit and pin and not t.pin(keys[i]):
-                    hit = False  # gone since the check
+                if not hit and check_pending and writer.has(keys[i]):
+                    hit = True  # on its way into this tier: loads read the pending copy
+                if hit and pin is not None:
+                    # pinned at once: no await since the check, so it cannot have gone
+                    handle = pin(keys[i])
+                    if handle is None:
+                        hit = writer.has(keys[i])
+                    handles[i] = handle
                 if hit:
                     holder[i] = t.index
-                    if pin:
-                        pinned.append(i)
                 else:
                     still.append(i)
             missing = still
         num_hit = missing[0] if missing else n
         leased = 0
-        for i in pinned:
-            t = self.tiers[holder[i]]
-            if i < num_hit and lease_s is not None:
-                self.leases.add(keys[i], t.index, lease_s)
-                leased += 1
-            else:
-                t.unpin(keys[i])
-        if leased:
-            self._ensure_lease_sweeper()
+        if lease_s is not None:
+            expiry = time.monotonic() + lease_s
+            for i, handle in enumerate(handles):
+                if handle is None:
+                    continue
+                if i < num_hit:
+                    self.leases.add(keys[i], (holder[i], expiry, handle))
+                    leased += 1
+                else:
+                    self.tiers[holder[i]].unpin(handle)
+            if leased:
+                for i in range(num_hit):
+                    if handles[i] is not None:
+                        self.tiers[holder[i]].stats.pins += 1
+                self._ensure_lease_sweeper()
         self._lookups += 1
         self._lookup_latency.add(time.perf_counter() - t0)
         return PrefixLookup(
             num_hit=num_hit,
             tiers=tuple(holder[:num_hit]),
-            tier_names=tuple(t.name for t in self.tiers),
+            tier_names=self._tier_names,
             skipped=tuple(skipped),
             leased=leased,
         )
@@ -278,8 +288,9 @@ class TieredHierarchy(BaseBackend):
         """End one lease per key taken by :meth:`lookup_prefix`; returns how many ended."""
         self._check()
         undo = self.leases.release(keys)
-        for key, idx in undo:
-            self.tiers[idx].unpin(key)
+        tiers = self.tiers
+        for idx, _, handle in undo:
+            tiers[idx].unpin(handle)
         return len(undo)
 
     def _ensure_lease_sweeper(self) -> None:
@@ -293,8 +304,8 @@ class TieredHierarchy(BaseBackend):
                 self._lease_task = None
                 return
             await asyncio.sleep(max(0.01, nxt - time.monotonic()))
-            for key, idx in self.leases.pop_expired():
-                self.tiers[idx].unpin(key)
+            for idx, _, handle in self.leases.pop_expired(time.monotonic()):
+                self.tiers[idx].unpin(handle)
 
     async def _contains(self, key: CacheEngineKey) -> bool:
         return (await self._batched_contains([key]))[0]

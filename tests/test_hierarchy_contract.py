@@ -15,12 +15,14 @@ class TestTwoTierWriteThrough(BackendContract):
     @pytest.fixture
     def backend_factory(self) -> Callable[..., Any]:
         def make(**opts: Any) -> TieredHierarchy:
-            return TieredHierarchy.from_config({
-                "tiers": [
-                    {"name": "hot", "backend": "cpu", "options": {"max_bytes": "256MiB"}},
-                    {"name": "warm", "backend": "cpu", "options": {"max_bytes": "512MiB"}},
-                ]
-            })
+            return TieredHierarchy.from_config(
+                {
+                    "tiers": [
+                        {"name": "hot", "backend": "cpu", "options": {"max_bytes": "256MiB"}},
+                        {"name": "warm", "backend": "cpu", "options": {"max_bytes": "512MiB"}},
+                    ]
+                }
+            )
 
         return make
 
@@ -31,12 +33,18 @@ class TestTwoTierWriteBack(BackendContract):
     @pytest.fixture
     def backend_factory(self) -> Callable[..., Any]:
         def make(**opts: Any) -> TieredHierarchy:
-            return TieredHierarchy.from_config({
-                "tiers": [
-                    {"name": "hot", "backend": "cpu", "options": {"max_bytes": "24MiB"}},
-                    {"name": "warm", "backend": "cpu", "options": {"max_bytes": "512MiB"},
-                     "write": {"policy": "back"}},
-                ]
-            })
+            return TieredHierarchy.from_config(
+                {
+                    "tiers": [
+                        {"name": "hot", "backend": "cpu", "options": {"max_bytes": "24MiB"}},
+                        {
+                            "name": "warm",
+                            "backend": "cpu",
+                            "options": {"max_bytes": "512MiB"},
+                            "write": {"policy": "back"},
+                        },
+                    ]
+                }
+            )
 
         return make

@@ -9,7 +9,7 @@
 * Copies up to ``inline_copy_bytes`` run on the event loop (a thread hop would cost more
   than the copy); larger ones run in a worker thread. The loop yields at least every
   ``yield_every_bytes`` of inline copying so other tasks are never starved.
-* ``pin(key)`` / ``unpin(key)`` keep an entry from eviction (the hierarchy's lookup
+* ``pin(key)`` / ``unpin(handle)`` keep an entry from eviction (the hierarchy's lookup
   leases use them). ``try_batched_get_into_threadsafe`` serves loads from any thread
   without the event loop (:class:`~lmcache_core.SyncBackend` uses it): the index and
   reference counts are guarded by a lock that the loop-side bookkeeping also takes; the
@@ -119,7 +119,7 @@ class CPUBackend(BaseBackend):
         # other threads serve through try_batched_get_into_threadsafe. Reentrant: the
         # bookkeeping helpers nest.
         self._lock = threading.RLock()
-        self._pins: dict[CacheEngineKey, list[_Entry]] = {}
+        self._npins = 0
         self._thread_hits = 0
         self._thread_misses = 0
         self._thread_bytes = 0
@@ -135,7 +135,7 @@ class CPUBackend(BaseBackend):
     async def _close(self) -> None:
         with self._lock:
             self._entries.clear()
-            self._pins.clear()
+            self._npins = 0
             self._free.clear()
             self._used = self._free_bytes = self._reserved = 0
 
@@ -375,32 +375,28 @@ class CPUBackend(BaseBackend):
             return True
 
     # ------------------------------------------------------------------ pins
-    def pin(self, key: CacheEngineKey) -> bool:
-        """Keep the entry stored under ``key`` from eviction until :meth:`unpin`.
+    def pin(self, key: CacheEngineKey) -> object | None:
+        """Keep the entry stored under ``key`` from eviction; return a handle for :meth:`unpin`.
 
-        Pins nest (pin twice, unpin twice). ``False`` when ``key`` is not stored. A pinned
-        entry can still be removed or overwritten explicitly; its memory is kept until
-        the last unpin. Safe from any thread.
+        ``None`` when ``key`` is not stored. Pins nest. A pinned entry can still be removed
+        or overwritten explicitly; its memory is kept until its last unpin. Safe from any
+        thread.
         """
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
-                return False
+                return None
             entry.users += 1
-            self._pins.setdefault(key, []).append(entry)
-            return True
+            self._npins += 1
+            return entry
 
-    def unpin(self, key: CacheEngineKey) -> bool:
-        """Undo the oldest :meth:`pin` of ``key``; ``False`` when it was not pinned."""
+    def unpin(self, handle: object) -> None:
+        """Undo one :meth:`pin` (``handle`` is what it returned)."""
+        if not isinstance(handle, _Entry):
+            raise TypeError(f"not a pin handle of this backend: {handle!r}")
         with self._lock:
-            pinned = self._pins.get(key)
-            if not pinned:
-                return False
-            entry = pinned.pop(0)
-            if not pinned:
-                del self._pins[key]
-            self._unuse(entry)
-            return True
+            self._npins -= 1
+            self._unuse(handle)
 
     # ------------------------------------------------------------------ thread-safe loads
     def try_batched_get_into_threadsafe(
@@ -460,7 +456,7 @@ class CPUBackend(BaseBackend):
             d["misses"] += self._thread_misses
             d["bytes_read"] += self._thread_bytes
             d["threadsafe_hits"] = self._thread_hits
-            d["pinned_entries"] = sum(len(v) for v in self._pins.values())
+            d["pinned_entries"] = self._npins
         return d
 
     def _usage(self) -> dict[str, Any]:

@@ -388,24 +388,22 @@ class Tier:
         return bool(await self._call("remove", lambda: self.backend.remove(key), False))
 
     # ------------------------------------------------------------------ pins
-    def pin(self, key: CacheEngineKey) -> bool:
+    def pin(self, key: CacheEngineKey) -> object | None:
+        """Pin ``key`` in the tier; a handle for :meth:`unpin`, or ``None``."""
         if not self.can_pin:
-            return False
+            return None
         try:
-            ok = bool(self.backend.pin(key))
+            handle: object | None = self.backend.pin(key)
         except Exception as exc:
             self._failed("pin", exc)
-            return False
-        if ok:
-            self.stats.pins += 1
-        return ok
+            return None
+        return handle
 
-    def unpin(self, key: CacheEngineKey) -> None:
-        if self.can_pin:
-            try:
-                self.backend.unpin(key)
-            except Exception as exc:
-                self._failed("unpin", exc)
+    def unpin(self, handle: object) -> None:
+        try:
+            self.backend.unpin(handle)
+        except Exception as exc:
+            self._failed("unpin", exc)
 
     # ------------------------------------------------------------------ introspection
     def snapshot(self) -> dict[str, Any]:
