@@ -366,8 +366,8 @@ class DiskBackend(DiskMaintenance, BaseBackend):
         if len(writes) <= 1:
             results = await self._call(self._put_sync, writes)
         else:
-            await self._call(self._reserve_sync, writes)
             try:
+                await self._call(self._reserve_sync, writes)
                 await asyncio.gather(
                     *(self._call(self._write_sync, w) for w in writes if w.pending_id is not None),
                     return_exceptions=True,
