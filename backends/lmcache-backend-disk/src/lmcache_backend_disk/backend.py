@@ -107,6 +107,7 @@ class DiskBackend(DiskMaintenance, BaseBackend):
         self._ns_dir = layout.namespace_dir(self._ns_json)
         self._ns_ready = False
         self._ns_lock = threading.Lock()
+        self._bound_recorded = False
         self._seq = itertools.count()
         self._exec: concurrent.futures.ThreadPoolExecutor | None = None
         self._index: SharedIndex | None = None
@@ -202,8 +203,7 @@ class DiskBackend(DiskMaintenance, BaseBackend):
         finally:
             os.close(lock_fd)  # releases the flock
         self._reap_sync()
-        with self.index.transaction() as tx:
-            tx.set_meta("max_bytes", str(self.max_bytes))
+        with self.index.snapshot() as tx:
             self._totals = tx.totals()
 
     async def _close(self) -> None:
@@ -433,6 +433,8 @@ class DiskBackend(DiskMaintenance, BaseBackend):
         granted: list[tuple[_Write, int]] = []
         with self.index.transaction() as tx:
             tx.touch(touches)
+            if not self._bound_recorded:  # for inspect: the bound writers enforce
+                tx.set_meta("max_bytes", str(self.max_bytes))
             for w in writes:
                 if (
                     w.pending_id is None
@@ -445,6 +447,7 @@ class DiskBackend(DiskMaintenance, BaseBackend):
         for w, pending_id in granted:
             w.pending_id = pending_id
         self._totals = totals
+        self._bound_recorded = True
 
     def _make_room(self, tx: IndexTx, size: int) -> bool:
         """Evict least recently used entries until ``size`` more bytes fit."""
