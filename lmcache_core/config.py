@@ -284,7 +284,11 @@ class CacheConfig:
             for path, _name in self.env_paths.items():
                 m = re.fullmatch(r"tiers\[(\d+)\]\.backend", path)
                 if m and int(m.group(1)) < len(tiers):  # a URL from $env: hide the URL
-                    tiers[int(m.group(1))]["url"] = REDACTED
+                    entry = tiers[int(m.group(1))]
+                    entry["url"] = REDACTED
+                    filled = "url" if "url" in entry["options"] else "path"
+                    if filled in entry["options"]:
+                        entry["options"][filled] = REDACTED
                 else:
                     _redact_path(out, path)
         return out
