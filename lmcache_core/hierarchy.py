@@ -194,8 +194,7 @@ class TieredHierarchy(BaseBackend):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._lease_task
             self._lease_task = None
-        for idx, _, handle in self.leases.pop_all():
-            self.tiers[idx].unpin(handle)
+        self._unpin(self.leases.pop_all())
         deadline = time.monotonic() + self.config.drain_timeout_s
         for t in self.tiers:
             await t.close(max(0.0, deadline - time.monotonic()))
@@ -241,38 +240,38 @@ class TieredHierarchy(BaseBackend):
                 continue
             writer = t.writer
             check_pending = writer.depth > 0
-            pin = t.pin if lease_s is not None and t.can_pin else None
             still: list[int] = []
+            hits: list[int] = []
             for i, hit in zip(missing, found, strict=True):
-                if not hit and check_pending and writer.has(keys[i]):
-                    hit = True  # on its way into this tier: loads read the pending copy
-                if hit and pin is not None:
-                    # pinned at once: no await since the check, so it cannot have gone
-                    handle = pin(keys[i])
-                    if handle is None:
-                        hit = writer.has(keys[i])
-                    handles[i] = handle
-                if hit:
+                if hit or (check_pending and writer.has(keys[i])):
+                    # (a pending store counts: loads read the pending copy)
                     holder[i] = t.index
+                    hits.append(i)
                 else:
                     still.append(i)
+            if lease_s is not None and t.can_pin and hits:
+                # pinned before any await: what the check found cannot have gone
+                for i, handle in zip(hits, t.pin_many([keys[i] for i in hits]), strict=True):
+                    handles[i] = handle
             missing = still
         num_hit = missing[0] if missing else n
         leased = 0
         if lease_s is not None:
             expiry = time.monotonic() + lease_s
+            extra: list[tuple[int, float, object]] = []
+            add = self.leases.add
             for i, handle in enumerate(handles):
                 if handle is None:
                     continue
+                lease = (holder[i], expiry, handle)
                 if i < num_hit:
-                    self.leases.add(keys[i], (holder[i], expiry, handle))
+                    add(keys[i], lease)
+                    self.tiers[holder[i]].stats.pins += 1
                     leased += 1
                 else:
-                    self.tiers[holder[i]].unpin(handle)
+                    extra.append(lease)
+            self._unpin(extra)
             if leased:
-                for i in range(num_hit):
-                    if handles[i] is not None:
-                        self.tiers[holder[i]].stats.pins += 1
                 self._ensure_lease_sweeper()
         self._lookups += 1
         self._lookup_latency.add(time.perf_counter() - t0)
@@ -288,10 +287,15 @@ class TieredHierarchy(BaseBackend):
         """End one lease per key taken by :meth:`lookup_prefix`; returns how many ended."""
         self._check()
         undo = self.leases.release(keys)
-        tiers = self.tiers
-        for idx, _, handle in undo:
-            tiers[idx].unpin(handle)
+        self._unpin(undo)
         return len(undo)
+
+    def _unpin(self, leases: Sequence[tuple[int, float, object]]) -> None:
+        by_tier: dict[int, list[object]] = {}
+        for idx, _, handle in leases:
+            by_tier.setdefault(idx, []).append(handle)
+        for idx, handles in by_tier.items():
+            self.tiers[idx].unpin_many(handles)
 
     def _ensure_lease_sweeper(self) -> None:
         if self._lease_task is None or self._lease_task.done():
@@ -304,8 +308,7 @@ class TieredHierarchy(BaseBackend):
                 self._lease_task = None
                 return
             await asyncio.sleep(max(0.01, nxt - time.monotonic()))
-            for idx, _, handle in self.leases.pop_expired(time.monotonic()):
-                self.tiers[idx].unpin(handle)
+            self._unpin(self.leases.pop_expired(time.monotonic()))
 
     async def _contains(self, key: CacheEngineKey) -> bool:
         return (await self._batched_contains([key]))[0]

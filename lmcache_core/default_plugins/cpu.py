@@ -398,6 +398,17 @@ class CPUBackend(BaseBackend):
             self._npins -= 1
             self._unuse(handle)
 
+    def pin_many(self, keys: Sequence[CacheEngineKey]) -> list[object | None]:
+        """:meth:`pin` for each key, under one acquisition of the lock."""
+        with self._lock:
+            return [self.pin(k) for k in keys]
+
+    def unpin_many(self, handles: Sequence[object]) -> None:
+        """:meth:`unpin` for each handle, under one acquisition of the lock."""
+        with self._lock:
+            for h in handles:
+                self.unpin(h)
+
     # ------------------------------------------------------------------ thread-safe loads
     def try_batched_get_into_threadsafe(
         self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor]

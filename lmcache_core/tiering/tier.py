@@ -388,20 +388,32 @@ class Tier:
         return bool(await self._call("remove", lambda: self.backend.remove(key), False))
 
     # ------------------------------------------------------------------ pins
-    def pin(self, key: CacheEngineKey) -> object | None:
-        """Pin ``key`` in the tier; a handle for :meth:`unpin`, or ``None``."""
+    def pin_many(self, keys: Sequence[CacheEngineKey]) -> list[object | None]:
+        """Pin each key in the tier; a handle per key for :meth:`unpin_many`, or ``None``.
+
+        A tier pins when its backend has ``pin(key) -> handle | None`` and
+        ``unpin(handle)`` (``pin_many``/``unpin_many`` are used when present)."""
         if not self.can_pin:
-            return None
+            return [None] * len(keys)
         try:
-            handle: object | None = self.backend.pin(key)
+            many = getattr(self.backend, "pin_many", None)
+            if many is not None:
+                return list(many(keys))
+            return [self.backend.pin(k) for k in keys]
         except Exception as exc:
             self._failed("pin", exc)
-            return None
-        return handle
+            return [None] * len(keys)
 
-    def unpin(self, handle: object) -> None:
+    def unpin_many(self, handles: Sequence[object]) -> None:
+        if not handles:
+            return
         try:
-            self.backend.unpin(handle)
+            many = getattr(self.backend, "unpin_many", None)
+            if many is not None:
+                many(handles)
+            else:
+                for h in handles:
+                    self.backend.unpin(h)
         except Exception as exc:
             self._failed("unpin", exc)
 
