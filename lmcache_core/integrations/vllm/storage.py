@@ -13,7 +13,11 @@ each (an IO event-loop thread per process).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import logging
+import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +28,8 @@ from ...keys import CacheEngineKey, Namespace
 from ...sync import SyncBackend
 
 __all__ = ["Lookup", "Storage", "load_storage_config"]
+
+log = logging.getLogger("vllm.lmcache_core.storage")
 
 
 def load_storage_config(raw: dict[str, Any], source: str = "") -> CacheConfig:
@@ -66,6 +72,7 @@ class Storage:
         backend: Any = self.hierarchy
         self.sync = SyncBackend(backend)
         self.sync.start()
+        _close_before_thread_pools_stop(self)
 
     @classmethod
     def lookup_view(cls, config: CacheConfig, namespace: Namespace) -> Storage | None:
@@ -101,5 +108,29 @@ class Storage:
         return self.hierarchy.stats()
 
     def close(self) -> None:
-        """Finish queued stores (up to the configured drain timeout) and close."""
-        self.sync.close()
+        """Finish queued stores (up to the configured drain timeout) and close. Idempotent."""
+        try:
+            self.sync.close()
+        except Exception as exc:  # closing must never break vLLM's shutdown
+            log.warning("LMCacheCoreConnector: closing the storage failed: %s", exc)
+
+
+def _close_before_thread_pools_stop(storage: Storage) -> None:
+    """Close ``storage`` at interpreter exit *before* ``concurrent.futures`` stops its
+    threads: queued write-through stores (to disk, S3) need them to finish. vLLM closes
+    the connector itself on a normal engine shutdown; this covers an in-process engine
+    left to the interpreter's exit."""
+    ref = weakref.ref(storage)
+
+    def close() -> None:
+        s = ref()
+        if s is not None:
+            s.close()
+
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        # Called in reverse order of registration: after concurrent.futures' own hook
+        # was registered (at its import), ours runs first.
+        register(close)  # type: ignore[misc]
+    except Exception:  # pragma: no cover - other Python implementations
+        atexit.register(close)

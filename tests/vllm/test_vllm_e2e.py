@@ -1,0 +1,338 @@
+"""End-to-end tests of LMCacheCoreConnector on real vLLM (CPU build), float32 model.
+
+Four engine processes, each running many cases (see the ``engine_*`` fixtures):
+
+* ``e1`` (engine core in-process, prefix caching off, cpu + disk tiers): cold vs warm,
+  short prompts, exact chunk multiples, cache salts, a batch sharing a prefix, aborts;
+* ``e2`` (a **new** multiprocess engine, prefix caching on, no ``PYTHONHASHSEED``, same
+  disk directory): reuse from disk, a corrupted chunk, a local + external hit, reuse
+  from the CPU tier after resetting vLLM's prefix cache, a chunk gone between lookup and
+  load;
+* ``e3``: a model with the same ``config.json`` but other weights on the same disk;
+* ``e4``: tensor parallel 2 (worker connectors in two other processes).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import vllm_cases as c
+from conftest import EngineRun, Models, connector_config, engine_env, requires_vllm, run_engine
+
+pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]
+
+DATA_OFFSET = 4096  # object format: the tensor bytes start here
+
+
+def _engine(
+    model: Path, ktc: dict[str, Any], *, prefix_caching: bool, tp: int = 1
+) -> dict[str, Any]:
+    return {
+        "model": str(model),
+        "dtype": "float32",
+        "block_size": c.BLOCK,
+        "max_model_len": 1024,
+        "max_num_batched_tokens": 96,
+        "enable_prefix_caching": prefix_caching,
+        "enforce_eager": True,
+        "seed": 0,
+        "tensor_parallel_size": tp,
+        "kv_transfer_config": ktc,
+    }
+
+
+def _storage(cpu_bytes: str, disk: Path | None) -> dict[str, Any]:
+    tiers: list[dict[str, Any]] = [
+        {"name": "cpu", "backend": "cpu", "options": {"max_bytes": cpu_bytes}}
+    ]
+    if disk is not None:
+        tiers.append(
+            {
+                "name": "disk",
+                "backend": "disk",
+                "options": {"path": str(disk), "max_bytes": "256MiB"},
+            }
+        )
+    return {"chunk_size": c.CHUNK, "tiers": tiers}
+
+
+def _gen(name: str, *prompts: list[int], salt: str | None = None) -> dict[str, Any]:
+    return {
+        "op": "generate",
+        "name": name,
+        "prompts": [{"tokens": p, "cache_salt": salt} for p in prompts],
+    }
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a["tokens"] == b["tokens"]
+    assert len(a["logprobs"]) == len(b["logprobs"]) == c.MAX_TOKENS
+    for x, y in zip(a["logprobs"], b["logprobs"], strict=True):
+        assert abs(x - y) <= 1e-3
+
+
+# ---------------------------------------------------------------------------------- engines
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("vllm_e2e")
+
+
+@pytest.fixture(scope="module")
+def e1(vllm_models: Models, workdir: Path) -> EngineRun:
+    disk = workdir / "disk"
+    stats = workdir / "stats-e1"
+    ktc = connector_config(_storage("8MiB", disk), stats)
+    steps = [
+        _gen("cold", c.LONG, c.MID, c.SHORT, c.ONE),
+        _gen("cold_corrupt", c.CORRUPT),
+        _gen("cold_local_ext", c.LOCAL_EXT),
+        _gen("warm", c.LONG, c.MID, c.SHORT, c.ONE),
+        _gen("salt_a", c.SALTED, salt="a"),
+        _gen("salt_b", c.SALTED, salt="b"),
+        _gen("salt_a_again", c.SALTED, salt="a"),
+        _gen("no_salt", c.SALTED),
+        _gen("batch", *c.BATCH),
+        _gen("batch_again", *c.BATCH),
+        {
+            "op": "abort",
+            "name": "abort_before_load",
+            "prompt": {"tokens": c.ABORT},
+            "steps_before_abort": 0,
+        },
+        _gen("abort_cold", c.ABORT),
+        {
+            "op": "abort",
+            "name": "abort_mid_load",
+            "prompt": {"tokens": c.ABORT},
+            "steps_before_abort": 1,
+        },
+        _gen("after_abort", c.ABORT),
+    ]
+    spec = {
+        "engine": _engine(vllm_models.main, ktc, prefix_caching=False),
+        "steps": steps,
+        "stats_dir": str(stats),
+        "disk_dir": str(disk),
+    }
+    return run_engine(workdir, "e1", spec, engine_env(multiprocessing=False))
+
+
+@pytest.fixture(scope="module")
+def e2(vllm_models: Models, workdir: Path, e1: EngineRun) -> EngineRun:
+    disk = workdir / "disk"
+    # Corrupt the stored chunks of CORRUPT: the lookup still finds the files.
+    corrupted = e1.step("cold_corrupt")["new_disk_objects"]
+    assert len(corrupted) == len(c.CORRUPT) // c.CHUNK
+    for rel in corrupted:
+        with open(disk / rel, "r+b") as f:
+            f.seek(DATA_OFFSET + 100)
+            b = f.read(1)
+            f.seek(DATA_OFFSET + 100)
+            f.write(bytes([b[0] ^ 0xFF]))
+    stats = workdir / "stats-e2"
+    ktc = connector_config(_storage("512KiB", disk), stats)  # 8 chunks of 64 KiB
+    steps = [
+        _gen("disk_reuse", c.LONG, c.MID),
+        _gen("corrupted", c.CORRUPT),
+        _gen("head", c.LOCAL_EXT_HEAD),
+        _gen("local_ext", c.LOCAL_EXT),
+        _gen("cpu_cold", c.CPU_REUSE),
+        {"op": "reset_prefix_cache", "name": "reset1"},
+        _gen("cpu_warm", c.CPU_REUSE),
+        _gen("evict_cold", c.EVICT),
+        {"op": "delete_disk_objects", "name": "delete", "from_step": "evict_cold"},
+        _gen("fill", *c.FILLERS),
+        {"op": "reset_prefix_cache", "name": "reset2"},
+        _gen("evict_warm", c.EVICT),
+        {"op": "reset_prefix_cache", "name": "reset3"},
+        _gen("evict_again", c.EVICT),
+    ]
+    spec = {
+        "engine": _engine(vllm_models.main, ktc, prefix_caching=True),
+        "steps": steps,
+        "stats_dir": str(stats),
+        "disk_dir": str(disk),
+    }
+    return run_engine(workdir, "e2", spec, engine_env(multiprocessing=True))
+
+
+@pytest.fixture(scope="module")
+def e3(vllm_models: Models, workdir: Path, e1: EngineRun) -> EngineRun:
+    disk = workdir / "disk"
+    stats = workdir / "stats-e3"
+    # No failure policy: vLLM's default ("fail") must draw the connector's ERROR line.
+    ktc = connector_config(_storage("8MiB", disk), stats, policy=None)
+    spec = {
+        "engine": _engine(vllm_models.twin, ktc, prefix_caching=False),
+        "steps": [_gen("other_weights", c.LONG, c.MID)],
+        "stats_dir": str(stats),
+        "disk_dir": str(disk),
+    }
+    return run_engine(workdir, "e3", spec, engine_env(multiprocessing=False))
+
+
+@pytest.fixture(scope="module")
+def e4(vllm_models: Models, workdir: Path) -> EngineRun:
+    disk = workdir / "disk-tp2"
+    stats = workdir / "stats-e4"
+    ktc = connector_config(_storage("8MiB", disk), stats)
+    steps = [_gen("cold", c.LONG, c.MID), _gen("warm", c.LONG, c.MID)]
+    spec = {
+        "engine": _engine(vllm_models.main, ktc, prefix_caching=False, tp=2),
+        "steps": steps,
+        "stats_dir": str(stats),
+        "disk_dir": str(disk),
+    }
+    return run_engine(workdir, "e4", spec, engine_env(multiprocessing=True, tp=2), timeout=540)
+
+
+# ---------------------------------------------------------------------------------- e1
+def test_cold_vs_warm_identical_with_expected_hits(e1: EngineRun) -> None:
+    cold, warm = e1.outputs("cold"), e1.outputs("warm")
+    assert [o["num_cached_tokens"] for o in cold] == [0, 0, 0, 0]
+    assert (
+        [o["num_cached_tokens"] for o in warm]
+        == [c.expected_hit(len(c.LONG)), c.expected_hit(len(c.MID)), 0, c.expected_hit(len(c.ONE))]
+        == [255, 192, 0, 63]
+    )
+    for a, b in zip(cold, warm, strict=True):
+        _same(a, b)
+    w = e1.worker("warm")
+    assert w["loaded_tokens"] >= 255 + 192 + 63
+    assert w["failed_chunks"] == 0
+
+
+def test_short_prompt_is_neither_looked_up_nor_saved(e1: EngineRun) -> None:
+    s = e1.scheduler("warm")
+    # SHORT (40 tokens) has no full chunk: nothing to save or load for it.
+    assert e1.outputs("warm")[2]["num_cached_tokens"] == 0
+    assert s["unkeyable"] == 0
+
+
+def test_cache_salt_separates_tenants(e1: EngineRun) -> None:
+    assert e1.outputs("salt_a")[0]["num_cached_tokens"] == 0
+    assert e1.outputs("salt_b")[0]["num_cached_tokens"] == 0
+    assert e1.outputs("salt_a_again")[0]["num_cached_tokens"] == 128
+    assert e1.outputs("no_salt")[0]["num_cached_tokens"] == 0
+    _same(e1.outputs("salt_a")[0], e1.outputs("salt_a_again")[0])
+    _same(e1.outputs("salt_a")[0], e1.outputs("salt_b")[0])
+
+
+def test_batch_sharing_a_prefix(e1: EngineRun) -> None:
+    first, again = e1.outputs("batch"), e1.outputs("batch_again")
+    # Within the first batch a request admitted after another saved some of the shared
+    # chunks (chunked prefill: 96 tokens per step) hits them; the first one cannot.
+    assert first[0]["num_cached_tokens"] == 0
+    assert all(o["num_cached_tokens"] in (0, 64, 128) for o in first)
+    assert [o["num_cached_tokens"] for o in again] == [128, 128, 128]
+    for a, b in zip(first, again, strict=True):
+        _same(a, b)
+    assert len({tuple(o["tokens"]) for o in again}) > 1  # different suffixes, different answers
+
+
+def test_abort_before_and_during_load(e1: EngineRun) -> None:
+    assert not e1.step("abort_before_load")["unfinished"]
+    assert not e1.step("abort_mid_load")["unfinished"]
+    assert not e1.step("abort_mid_load")["finished_before_abort"]
+    cold, after = e1.outputs("abort_cold")[0], e1.outputs("after_abort")[0]
+    assert after["num_cached_tokens"] == c.expected_hit(len(c.ABORT)) == 319
+    _same(cold, after)
+    s = e1.scheduler("after_abort")
+    assert s["active_requests"] == 0  # aborted requests left no state behind
+    assert e1.worker("after_abort")["failed_chunks"] == 0
+
+
+def test_connector_pids_are_logged(e1: EngineRun) -> None:
+    sched = re.findall(r"LMCacheCoreConnector scheduler side: pid=(\d+)", e1.log)
+    work = re.findall(r"LMCacheCoreConnector worker side: pid=(\d+) rank=0/1", e1.log)
+    assert sched and work
+    # In-process engine core: both sides live in the driver process.
+    assert int(sched[0]) == int(work[0]) == e1.results["pid"]
+
+
+# ---------------------------------------------------------------------------------- e2
+def test_reuse_from_disk_in_a_new_process(e1: EngineRun, e2: EngineRun) -> None:
+    assert e2.results["pid"] != e1.results["pid"]
+    cold = e1.outputs("cold")
+    reuse = e2.outputs("disk_reuse")
+    assert [o["num_cached_tokens"] for o in reuse] == [255, 192]
+    _same(cold[0], reuse[0])
+    _same(cold[1], reuse[1])
+    assert e2.worker("disk_reuse")["loaded_tokens_by_tier"].get("disk", 0) >= 255 + 192
+
+
+def test_corrupted_chunk_is_recomputed(e1: EngineRun, e2: EngineRun) -> None:
+    out = e2.outputs("corrupted")[0]
+    assert out["finish_reason"] == "length"
+    _same(e1.outputs("cold_corrupt")[0], out)
+    before = e2.worker("disk_reuse")["failed_chunks"]
+    assert e2.worker("corrupted")["failed_chunks"] > before
+    assert e2.scheduler("corrupted")["load_failures"] >= 1
+
+
+def test_local_plus_external_hit_with_prefix_caching_on(e1: EngineRun, e2: EngineRun) -> None:
+    assert e2.outputs("head")[0]["num_cached_tokens"] == 128  # two chunks from disk
+    out = e2.outputs("local_ext")[0]
+    assert out["num_cached_tokens"] == 255
+    _same(e1.outputs("cold_local_ext")[0], out)
+    hit = e2.scheduler("local_ext")["hit_tokens"] - e2.scheduler("head")["hit_tokens"]
+    assert hit == 255 - 128  # vLLM's prefix cache supplied the first 128 tokens
+
+
+def test_reuse_from_cpu_tier_after_prefix_cache_reset(e2: EngineRun) -> None:
+    cold, warm = e2.outputs("cpu_cold")[0], e2.outputs("cpu_warm")[0]
+    assert cold["num_cached_tokens"] == 0
+    assert warm["num_cached_tokens"] == c.expected_hit(len(c.CPU_REUSE)) == 191
+    _same(cold, warm)
+    before = e2.worker("cpu_cold")["loaded_tokens_by_tier"].get("cpu", 0)
+    assert e2.worker("cpu_warm")["loaded_tokens_by_tier"]["cpu"] - before == 192
+
+
+def test_chunk_gone_between_lookup_and_load_is_recomputed(e2: EngineRun) -> None:
+    assert e2.step("delete")["deleted"]
+    cold, warm, again = (e2.outputs(n)[0] for n in ("evict_cold", "evict_warm", "evict_again"))
+    assert warm["finish_reason"] == "length"
+    _same(cold, warm)
+    assert e2.worker("evict_warm")["failed_chunks"] > e2.worker("fill")["failed_chunks"]
+    # The recomputed chunks were stored again.
+    assert again["num_cached_tokens"] == c.expected_hit(len(c.EVICT)) == 191
+    _same(cold, again)
+
+
+def test_multiprocess_pids_differ(e2: EngineRun) -> None:
+    sched = re.findall(r"LMCacheCoreConnector scheduler side: pid=(\d+)", e2.log)
+    work = re.findall(r"LMCacheCoreConnector worker side: pid=(\d+) rank=0/1", e2.log)
+    assert sched and work and sched[0] != work[0]
+
+
+# ---------------------------------------------------------------------------------- e3
+def test_same_config_other_weights_never_hit(e1: EngineRun, e3: EngineRun) -> None:
+    assert [o["num_cached_tokens"] for o in e3.outputs("other_weights")] == [0, 0]
+    assert e3.worker("other_weights")["loaded_chunks"] == 0
+    ns1 = e1.scheduler("cold")["namespace"]
+    ns3 = e3.scheduler("other_weights")["namespace"]
+    assert ns1["model_name"] == ns3["model_name"] == "tiny"
+    assert ns1["model_revision"] != ns3["model_revision"]
+
+
+def test_fail_policy_draws_an_error_naming_the_fix(e1: EngineRun, e3: EngineRun) -> None:
+    assert re.search(r"ERROR .*kv_load_failure_policy is 'fail'.*\"recompute\"", e3.log)
+    assert "kv_load_failure_policy is" not in e1.log
+
+
+# ---------------------------------------------------------------------------------- e4
+def test_tensor_parallel_2(e4: EngineRun) -> None:
+    cold, warm = e4.outputs("cold"), e4.outputs("warm")
+    assert [o["num_cached_tokens"] for o in warm] == [255, 192]
+    for a, b in zip(cold, warm, strict=True):
+        _same(a, b)
+    sched = {int(p) for p in re.findall(r"scheduler side: pid=(\d+) world_size=2", e4.log)}
+    ranks = dict(re.findall(r"worker side: pid=(\d+) rank=(\d)/2", e4.log))
+    assert len(sched) == 1 and len(ranks) == 2 and set(ranks.values()) == {"0", "1"}
+    assert not sched & {int(p) for p in ranks}
+    for rank in (0, 1):
+        w = e4.worker("warm", rank)
+        assert w["world_size"] == 2 and w["loaded_tokens"] >= 255 + 192

@@ -1,0 +1,56 @@
+"""Prompts and settings shared by the vLLM end-to-end tests and their model fixture."""
+
+from __future__ import annotations
+
+import random
+
+VOCAB = 512
+CHUNK = 64
+BLOCK = 32
+MAX_TOKENS = 6
+MARGIN = 1e-2  # minimum top-1 vs top-2 logprob gap along every greedy test continuation
+
+
+def toks(seed: int, n: int) -> list[int]:
+    """``n`` deterministic token ids (no special tokens)."""
+    rng = random.Random(seed)
+    return [rng.randrange(4, VOCAB) for _ in range(n)]
+
+
+LONG = toks(1, 256)  # exactly 4 chunks: a warm run loads 255 tokens (the last is recomputed)
+MID = toks(2, 200)  # 3 chunks + 8 tokens: a warm run loads 192
+SHORT = toks(3, 40)  # shorter than a chunk: never a hit
+ONE = toks(4, 64)  # exactly one chunk: a warm run loads 63
+SALTED = toks(5, 150)  # 2 chunks, run with different cache salts
+PREFIX = toks(6, 128)
+BATCH = [PREFIX + toks(100 + i, 50) for i in range(3)]  # share 2 chunks
+ABORT = toks(7, 320)
+CORRUPT = toks(8, 192)
+LOCAL_EXT = toks(9, 256)
+LOCAL_EXT_HEAD = LOCAL_EXT[:128] + toks(10, 60)
+CPU_REUSE = toks(11, 192)
+EVICT = toks(12, 192)
+FILLERS = [toks(20 + i, 192) for i in range(4)]
+
+#: Every prompt whose greedy continuation the tests compare (the fixture checks margins).
+COMPARED = [
+    LONG,
+    MID,
+    SHORT,
+    ONE,
+    SALTED,
+    *BATCH,
+    ABORT,
+    CORRUPT,
+    LOCAL_EXT,
+    LOCAL_EXT_HEAD,
+    CPU_REUSE,
+    EVICT,
+]
+
+
+def expected_hit(n_tokens: int, stored_chunks: int | None = None) -> int:
+    """Tokens a warm run loads when ``stored_chunks`` (default: all full) chunks are stored."""
+    full = n_tokens // CHUNK if stored_chunks is None else stored_chunks
+    hit = full * CHUNK
+    return n_tokens - 1 if hit >= n_tokens else hit
