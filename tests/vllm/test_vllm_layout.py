@@ -1,0 +1,225 @@
+"""Layouts: synthetic KV caches built with vLLM's own view functions, bit-exact
+gather -> store -> load -> scatter round trips, and the models the connector refuses."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from conftest import requires_vllm
+
+from lmcache_core import CacheEngineKey, CPUBackend
+
+pytestmark = [requires_vllm, pytest.mark.vllm]
+
+NUM_BLOCKS, LAYERS, BLOCK = 12, 3, 16
+
+
+def _spec(dtype: torch.dtype = torch.float32, **kw: Any) -> Any:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    return FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=32, dtype=dtype, **kw)
+
+
+def _caches(
+    layout_name: str, dtype: torch.dtype, *, fill: bool, kernel_block: int | None = None
+) -> tuple[torch.Tensor, list[torch.Tensor], Any]:
+    """A raw byte buffer and one logical [B, H, N, C] view per layer, made by vLLM."""
+    from vllm.v1.kv_cache_interface import (
+        KVCacheTensor,
+        compute_layout_strides,
+        create_kv_cache_views,
+    )
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    layout = KVCacheLayout[layout_name]
+    spec = _spec(dtype)
+    layer_stride, block_stride, *_ = compute_layout_strides(spec, NUM_BLOCKS, LAYERS, layout)
+    size = LAYERS * NUM_BLOCKS * spec.page_size_bytes
+    tensor = KVCacheTensor(
+        size=size,
+        layers=[f"l{i}" for i in range(LAYERS)],
+        layer_stride=layer_stride,
+        block_stride=block_stride,
+    )
+    gen = torch.Generator().manual_seed(7)
+    raw = (
+        torch.randint(0, 256, (size,), dtype=torch.uint8, generator=gen)
+        if fill
+        else torch.zeros(size, dtype=torch.uint8)
+    )
+    raw = raw.view(torch.int8)
+    views = create_kv_cache_views(
+        raw, spec, NUM_BLOCKS, layout, tensor, kernel_block_size=kernel_block
+    )
+    return raw, views, spec
+
+
+def _block_bytes(view: torch.Tensor, b: int, ratio: int = 1) -> bytes:
+    grouped = view.view(NUM_BLOCKS, -1, *view.shape[1:]) if ratio > 1 else view
+    return grouped[b].contiguous().view(torch.uint8).numpy().tobytes()
+
+
+LAYOUTS = ["LBHNC", "LBNHC", "BLHNC", "BLNHC", "LHBNC", "BHLNC"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_round_trip_is_bit_exact(layout: str, dtype: torch.dtype) -> None:
+    from lmcache_core.integrations.vllm.layout import BlockCopier
+
+    _, src_views, _ = _caches(layout, dtype, fill=True)
+    dst_raw, dst_views, _ = _caches(layout, dtype, fill=False)
+    src, dst = BlockCopier(src_views, NUM_BLOCKS), BlockCopier(dst_views, NUM_BLOCKS)
+    assert src.chunk_shape(4) == (LAYERS, 4, 2, BLOCK, 64)
+    src_ids, dst_ids = [3, 7, 1, 9], [0, 5, 2, 11]
+    chunk = torch.empty(src.chunk_shape(4), dtype=dtype)
+    src.gather(src_ids, chunk)
+
+    async def store_and_load() -> torch.Tensor:
+        async with CPUBackend({"max_bytes": "1MiB"}) as backend:
+            key = CacheEngineKey("m", 1, 0, 42, str(dtype))
+            assert await backend.put(key, chunk)
+            chunk.zero_()  # the backend copied it
+            out = torch.empty_like(chunk)
+            assert await backend.get_into(key, out)
+            return out
+
+    loaded = asyncio.run(store_and_load())
+    dst.scatter(loaded, dst_ids)
+    for layer in range(LAYERS):
+        for s, d in zip(src_ids, dst_ids, strict=True):
+            assert _block_bytes(dst_views[layer], d) == _block_bytes(src_views[layer], s)
+        untouched = set(range(NUM_BLOCKS)) - set(dst_ids)
+        for b in untouched:
+            assert not any(_block_bytes(dst_views[layer], b))
+    # Nothing outside the scattered blocks was written.
+    assert int(dst_raw.view(torch.uint8).count_nonzero()) <= len(dst_ids) * dst.block_nbytes
+
+
+def test_partial_scatter_skips_leading_blocks() -> None:
+    from lmcache_core.integrations.vllm.layout import BlockCopier
+
+    _, src_views, _ = _caches("LBHNC", torch.float32, fill=True)
+    _, dst_views, _ = _caches("LBHNC", torch.float32, fill=False)
+    src, dst = BlockCopier(src_views, NUM_BLOCKS), BlockCopier(dst_views, NUM_BLOCKS)
+    chunk = torch.empty(src.chunk_shape(4), dtype=torch.float32)
+    src.gather([4, 5, 6, 7], chunk)
+    dst.scatter(chunk[:, 2:4], [10, 11])  # blocks 0-1 of the chunk are computed locally
+    assert _block_bytes(dst_views[0], 10) == _block_bytes(src_views[0], 6)
+    assert _block_bytes(dst_views[2], 11) == _block_bytes(src_views[2], 7)
+    assert not any(_block_bytes(dst_views[0], 4))
+
+
+def test_kernel_blocks_are_regrouped_into_manager_blocks() -> None:
+    from lmcache_core.integrations.vllm.layout import BlockCopier
+
+    _, src_views, _ = _caches("LBHNC", torch.float32, fill=True, kernel_block=BLOCK // 2)
+    _, dst_views, _ = _caches("LBHNC", torch.float32, fill=False, kernel_block=BLOCK // 2)
+    assert src_views[0].shape[0] == 2 * NUM_BLOCKS
+    src, dst = BlockCopier(src_views, NUM_BLOCKS), BlockCopier(dst_views, NUM_BLOCKS)
+    chunk = torch.empty(src.chunk_shape(2), dtype=torch.float32)
+    src.gather([1, 8], chunk)
+    dst.scatter(chunk, [3, 4])
+    assert _block_bytes(dst_views[1], 3, ratio=2) == _block_bytes(src_views[1], 1, ratio=2)
+    assert _block_bytes(dst_views[1], 4, ratio=2) == _block_bytes(src_views[1], 8, ratio=2)
+
+
+def test_cpu_layout_blocks_are_contiguous_pages() -> None:
+    """On the CPU backend's layout (LBHNC) a block of a layer is one contiguous page, so
+    copying whole blocks copies K (transposed) and V exactly as the kernel wrote them."""
+    raw, views, spec = _caches("LBHNC", torch.float32, fill=True)
+    page = spec.page_size_bytes
+    for layer in (0, 2):
+        for b in (0, 5):
+            start = (layer * NUM_BLOCKS + b) * page
+            assert (
+                _block_bytes(views[layer], b)
+                == raw.view(torch.uint8)[start : start + page].numpy().tobytes()
+            )
+
+
+def test_out_of_range_block_ids_raise() -> None:
+    from lmcache_core.integrations.vllm.layout import BlockCopier
+
+    _, views, _ = _caches("LBHNC", torch.float32, fill=False)
+    copier = BlockCopier(views, NUM_BLOCKS)
+    with pytest.raises(IndexError):
+        copier.gather([NUM_BLOCKS], torch.empty(copier.chunk_shape(1)))
+
+
+# ---------------------------------------------------------------------------- refusals
+def _configs(
+    spec: Any, *, groups: int = 1, layout: str = "LBHNC", device: str = "cpu", pp: int = 1
+) -> tuple[Any, Any]:
+    group = SimpleNamespace(kv_cache_spec=spec, layer_names=["model.layers.0.attn"])
+    kv_cache_config = SimpleNamespace(kv_cache_groups=[group] * groups, kv_cache_layout=layout)
+    vllm_config = SimpleNamespace(
+        cache_config=SimpleNamespace(kv_cache_layout=layout, cache_dtype="auto"),
+        parallel_config=SimpleNamespace(pipeline_parallel_size=pp, decode_context_parallel_size=1),
+        device_config=SimpleNamespace(device_type=device),
+    )
+    return vllm_config, kv_cache_config
+
+
+def test_describe_full_attention() -> None:
+    from lmcache_core.integrations.vllm.layout import describe_layout
+
+    info = describe_layout(*_configs(_spec()))
+    assert info.kv_layout == "vllm:cpu:LBHNC:h2:k32:v32"
+    assert info.kv_dtype == "float32/auto"
+    nhd = describe_layout(*_configs(_spec(), layout="NHD", device="cuda"))
+    assert nhd.kv_layout == "vllm:cuda:LBNHC:h2:k32:v32"
+
+
+def _mla() -> Any:
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    return MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+
+
+def _sliding() -> Any:
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    return SlidingWindowSpec(
+        block_size=BLOCK, num_kv_heads=2, head_size=32, dtype=torch.float32, sliding_window=128
+    )
+
+
+def _mamba() -> Any:
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    return MambaSpec(block_size=BLOCK, shapes=((4, 8),), dtypes=(torch.float32,))
+
+
+@pytest.mark.parametrize(
+    ("make", "kw", "words"),
+    [
+        (_mla, {}, "MLAAttentionSpec"),
+        (_sliding, {}, "SlidingWindowSpec"),
+        (lambda: _spec(sliding_window=64), {}, "sliding-window"),
+        (_mamba, {}, "MambaSpec"),
+        (_spec, {"groups": 2}, "2 KV cache groups"),
+        (_spec, {"layout": "XYZ"}, "layout XYZ"),
+        (_spec, {"device": "tpu"}, "device type"),
+        (_spec, {"pp": 2}, "pipeline parallelism"),
+        (lambda: _spec(num_head_slots=4), {}, "packed KV pages"),
+    ],
+)
+def test_unsupported_models_are_refused(make: Any, kw: dict[str, Any], words: str) -> None:
+    from lmcache_core.integrations.vllm.layout import UnsupportedModel, describe_layout
+
+    with pytest.raises(UnsupportedModel, match=words):
+        describe_layout(*_configs(make(), **kw))
+
+
+def test_unsupported_attention_backend_is_refused() -> None:
+    from lmcache_core.integrations.vllm.layout import UnsupportedModel, check_attention_backends
+
+    check_attention_backends("cpu", {"a": "CPU_ATTN"})
+    check_attention_backends("cuda", {"a": "FLASH_ATTN", "b": "FLASHINFER"})
+    with pytest.raises(UnsupportedModel, match="TRITON_ATTN"):
+        check_attention_backends("cuda", {"a": "TRITON_ATTN"})

@@ -1,0 +1,344 @@
+"""Unit tests of the connector's parts: model identity, settings, request keys, the
+scheduler's stored-chunk index and load/save planning, worker reports, the vLLM plugin.
+
+Requests are real ``vllm.v1.request.Request`` objects; only the scheduler output of the
+planning tests is a stand-in (a plain namespace with the fields the connector reads).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from conftest import requires_vllm
+
+from lmcache_core import ChunkedTokenDatabase, Namespace
+from lmcache_core.errors import ConfigError
+
+pytestmark = [requires_vllm, pytest.mark.vllm]
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+# ---------------------------------------------------------------------------- identity
+def _model_dir(path: Path, weights: bytes) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text('{"model_type": "llama"}')
+    (path / "model.safetensors").write_bytes(weights)
+    return path
+
+
+def test_hub_snapshot_gives_repo_and_commit(tmp_path: Path) -> None:
+    from lmcache_core.integrations.vllm.identity import model_identity
+
+    snap = _model_dir(tmp_path / "models--org--name" / "snapshots" / COMMIT, b"w")
+    ident = model_identity(str(snap))
+    assert (ident.name, ident.revision, ident.source) == ("org/name", COMMIT, "hub-snapshot")
+
+
+def test_local_dir_revision_is_weights_digest_not_path(tmp_path: Path) -> None:
+    from lmcache_core.integrations.vllm.identity import model_identity
+
+    a = model_identity(str(_model_dir(tmp_path / "x" / "tiny", b"weights-1")))
+    b = model_identity(str(_model_dir(tmp_path / "y" / "tiny", b"weights-1")))
+    c = model_identity(str(_model_dir(tmp_path / "z" / "tiny", b"weights-2")))
+    assert a.name == b.name == c.name == "tiny"
+    assert a.revision == b.revision != c.revision
+    assert a.revision.startswith("sha256:") and str(tmp_path) not in a.revision
+
+
+def test_weights_digest_is_cached_by_names_sizes_mtimes(tmp_path: Path) -> None:
+    from lmcache_core.integrations.vllm.identity import SIDECAR_NAME, weights_digest
+
+    d = _model_dir(tmp_path / "m", b"AAAA")
+    first = weights_digest(d)
+    assert json.loads((d / SIDECAR_NAME).read_text())["revision"] == first
+    w = d / "model.safetensors"
+    st = w.stat()
+    w.write_bytes(b"BBBB")  # same name and size, mtime restored: the sidecar still matches
+    os.utime(w, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert weights_digest(d) == first
+    os.utime(w, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # changed mtime: rehashed
+    assert weights_digest(d) != first
+
+
+def test_overrides_and_unknown_revision(tmp_path: Path) -> None:
+    from lmcache_core.integrations.vllm.identity import UnknownRevision, model_identity
+
+    d = _model_dir(tmp_path / "m", b"w")
+    ident = model_identity(str(d), served_name="served", revision_override="v7")
+    assert (ident.name, ident.revision, ident.source) == ("served", "v7", "config")
+    assert model_identity(str(d), name_override="n").name == "n"
+    assert model_identity("org/absent-model", revision=COMMIT).revision == COMMIT
+    with pytest.raises(UnknownRevision, match="model_revision"):
+        model_identity("org/absent-model-xyz")
+
+
+# ---------------------------------------------------------------------------- settings
+def test_settings_inline_file_and_errors(tmp_path: Path) -> None:
+    from lmcache_core.integrations.vllm.settings import DEFAULT_STORAGE_CONFIG, parse_settings
+
+    s = parse_settings({"config": {"chunk_size": 128}, "model_revision": "r1"})
+    assert s.storage == {"chunk_size": 128} and s.options.model_revision == "r1"
+    f = tmp_path / "c.yaml"
+    f.write_text("chunk_size: 512\ntiers: [{name: cpu, backend: cpu}]\n")
+    assert parse_settings({"config_file": str(f)}).storage["chunk_size"] == 512
+    assert parse_settings(None).storage == DEFAULT_STORAGE_CONFIG
+    with pytest.raises(ConfigError, match="not both"):
+        parse_settings({"config": {}, "config_file": str(f)})
+    with pytest.raises(ConfigError, match=r"kv_connector_extra_config.*bogus"):
+        parse_settings({"bogus": 1})
+    with pytest.raises(ConfigError, match="config_file"):
+        parse_settings({"config_file": str(tmp_path / "missing.yaml")})
+
+
+# ---------------------------------------------------------------------------- keys
+def _db(chunk: int = 4) -> ChunkedTokenDatabase:
+    return ChunkedTokenDatabase(namespace=Namespace(model_name="m", chunk_size=chunk))
+
+
+def _request(tokens: list[int] | None, **kw: Any) -> Any:
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    return Request("r", tokens, SamplingParams(max_tokens=1), None, **kw)
+
+
+def _hashes(req: Any, keyer: Any = None) -> tuple[int, ...]:
+    from lmcache_core.integrations.vllm.keying import RequestKeyer
+
+    keyer = keyer or RequestKeyer(_db(), block_size=2)
+    keys = keyer.keys(req)
+    assert keys.reason is None
+    return keys.hashes
+
+
+def test_tokens_and_salt_key_the_chain() -> None:
+    toks = list(range(10, 22))  # 3 chunks of 4
+    plain = _hashes(_request(toks))
+    assert len(plain) == 3
+    assert _hashes(_request(toks)) == plain
+    a, b = _hashes(_request(toks, cache_salt="a")), _hashes(_request(toks, cache_salt="b"))
+    assert len({plain[0], a[0], b[0]}) == 3
+    assert not set(a) & set(plain) and not set(a) & set(b)  # the salt reaches every chunk
+    assert _hashes(_request(toks[:3])) == ()  # shorter than a chunk
+
+
+def test_multimodal_items_key_the_chunks_they_overlap() -> None:
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+    toks = list(range(10, 22))
+
+    def feat(ident: str) -> Any:
+        return MultiModalFeatureSpec(
+            data=None,
+            modality="image",
+            identifier=ident,
+            mm_position=PlaceholderRange(offset=5, length=2),
+        )
+
+    plain = _hashes(_request(toks))
+    img1 = _hashes(_request(toks, mm_features=[feat("img-1")]))
+    img2 = _hashes(_request(toks, mm_features=[feat("img-2")]))
+    assert img1[0] == plain[0]  # the image sits in chunk 1
+    assert img1[1] != plain[1] and img1[1] != img2[1]
+
+
+def test_lora_and_prompt_embeds(tmp_path: Path) -> None:
+    from vllm.lora.request import LoRARequest
+
+    from lmcache_core.integrations.vllm.keying import RequestKeyer
+
+    toks = list(range(10, 18))
+    a = _model_dir(tmp_path / "lora-a", b"adapter-a")
+    b = _model_dir(tmp_path / "lora-b", b"adapter-b")
+    plain = _hashes(_request(toks))
+    la = _hashes(_request(toks, lora_request=LoRARequest("ad", 1, str(a))))
+    lb = _hashes(_request(toks, lora_request=LoRARequest("ad", 1, str(b))))
+    assert len({plain[0], la[0], lb[0]}) == 3  # same name, other weights: other keys
+
+    keyer = RequestKeyer(_db(), block_size=2)
+    refused = keyer.keys(
+        _request(toks, lora_request=LoRARequest("remote", 2, str(tmp_path / "not-here")))
+    )
+    assert refused.hashes == () and "LoRA" in (refused.reason or "")
+    assert sum(keyer.unkeyable.values()) == 1
+
+    emb = torch.randn(8, 16)
+    e1 = _hashes(_request(None, prompt_embeds=emb))
+    e2 = _hashes(_request(None, prompt_embeds=emb.clone()))
+    emb2 = emb.clone()
+    emb2[6, 0] += 1.0
+    e3 = _hashes(_request(None, prompt_embeds=emb2))
+    assert e1 == e2 and e1[0] == e3[0] and e1[1] != e3[1]
+    mixed = keyer.keys(
+        _request(toks, prompt_embeds=emb, prompt_is_token_ids=[True] * 4 + [False] * 4)
+    )
+    assert mixed.hashes == ()
+
+
+def test_vllm_block_hashes_only_when_reproducible(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lmcache_core.integrations.vllm.keying import vllm_hash_reproducible
+
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    assert vllm_hash_reproducible("sha256")[0]
+    ok, why = vllm_hash_reproducible("xxhash")
+    assert not ok and "PYTHONHASHSEED" in why
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    assert vllm_hash_reproducible("xxhash")[0]
+
+
+# ---------------------------------------------------------------------------- scheduler
+def test_stored_index_masks_and_lru() -> None:
+    from lmcache_core.integrations.vllm.scheduler_side import StoredIndex
+
+    idx = StoredIndex(max_chunks=3)
+    idx.add(0, [1, 2])
+    idx.add(1, [2])
+    assert idx.mask(1) == 0b01 and idx.mask(2) == 0b11
+    idx.discard(0, [2])
+    assert idx.mask(2) == 0b10
+    idx.add(0, [3, 4])
+    assert len(idx) == 3 and idx.mask(1) == 0  # 1 was the least recently added
+
+
+def test_worker_reports_aggregate_over_ranks() -> None:
+    from lmcache_core.integrations.vllm.metadata import WorkerReport
+
+    a = WorkerReport(stored={0: [1, 2]}, failed_loads={"r": 3})
+    b = WorkerReport(stored={1: [1]}, missing={1: [2]}, failed_loads={"r": 1}, disabled={1: "x"})
+    m = a.aggregate(b)
+    assert isinstance(m, WorkerReport)
+    assert m.stored == {0: [1, 2], 1: [1]} and m.missing == {1: [2]}
+    assert m.failed_loads == {"r": 1} and m.disabled == {1: "x"}
+    assert a.stored == {0: [1, 2]}  # inputs untouched
+
+
+def _scheduler(chunk: int = 128, block: int = 32, world_size: int = 1) -> Any:
+    from lmcache_core.integrations.vllm.context import ConnectorContext
+    from lmcache_core.integrations.vllm.layout import LayoutInfo
+    from lmcache_core.integrations.vllm.scheduler_side import SchedulerSide
+    from lmcache_core.integrations.vllm.settings import parse_settings
+    from lmcache_core.integrations.vllm.storage import load_storage_config
+
+    settings = parse_settings({"config": {"chunk_size": chunk}})
+    ns = Namespace(model_name="m", chunk_size=chunk, block_size=block)
+    ctx = ConnectorContext(
+        settings=settings,
+        storage_config=load_storage_config(settings.storage),
+        world_size=world_size,
+        failure_policy="recompute",
+        layout=LayoutInfo("cpu", "LBHNC", block, 2, 32, 32, "float32", "auto", ("l0",)),
+        namespace=ns,
+        db=ChunkedTokenDatabase(namespace=ns, world_size=world_size),
+        block_size=block,
+    )
+    return SchedulerSide(ctx)
+
+
+def _output(req_id: str, computed: int, scheduled: int, blocks: list[int]) -> Any:
+    new = SimpleNamespace(req_id=req_id, num_computed_tokens=computed, block_ids=(blocks,))
+    cached = SimpleNamespace(req_ids=[], num_computed_tokens=[])
+    state = SimpleNamespace(get_block_ids=lambda rid: (blocks,) if rid == req_id else None)
+    return SimpleNamespace(
+        scheduled_new_reqs=[new],
+        scheduled_cached_reqs=cached,
+        num_scheduled_tokens={req_id: scheduled},
+        kv_connector_block_state=state,
+    )
+
+
+def test_plan_partial_local_hit_then_saves() -> None:
+    from lmcache_core.integrations.vllm.metadata import WorkerReport
+
+    sched = _scheduler()
+    toks = list(range(4, 4 + 400))  # 3 chunks of 128 + 16
+    req = _request(toks)
+    hashes = sched.keyer.keys(req).hashes
+    sched.update_connector_output(
+        SimpleNamespace(kv_connector_worker_meta=WorkerReport(stored={0: list(hashes[:2])}))
+    )
+    # vLLM's own prefix cache holds 2 blocks (64 tokens); 2 chunks (256) are stored.
+    n, is_async = sched.get_num_new_matched_tokens(req, 64)
+    assert (n, is_async) == (256 - 64, False)
+    sched.update_state_after_alloc(req, n)
+    blocks = list(range(100, 113))
+    meta = sched.build_meta(_output("r", 256, 144, blocks))
+    loads = [(ld.chunk_index, ld.skip, ld.block_ids) for ld in meta.loads]
+    assert loads == [(0, 2, [102, 103]), (1, 0, [104, 105, 106, 107])]
+    # The rest of the prompt is computed this step: chunk 2 is saved, not the 16-token tail.
+    assert [(sv.chunk_index, sv.block_ids) for sv in meta.saves] == [(2, [108, 109, 110, 111])]
+    # A load failure reported back makes the scheduler save the chunk again later.
+    sched.update_connector_output(
+        SimpleNamespace(kv_connector_worker_meta=WorkerReport(failed_loads={"r": 1}))
+    )
+    again = sched.build_meta(_output("r", 128, 272, blocks))
+    assert [sv.chunk_index for sv in again.saves] == [1, 2]
+
+
+def test_full_hit_leaves_the_last_token_and_needs_every_rank() -> None:
+    from lmcache_core.integrations.vllm.metadata import WorkerReport
+
+    sched = _scheduler(world_size=2)
+    req = _request(list(range(4, 4 + 256)))
+    hashes = list(sched.keyer.keys(req).hashes)
+    report = WorkerReport(stored={0: hashes})
+    sched.update_connector_output(SimpleNamespace(kv_connector_worker_meta=report))
+    assert sched.get_num_new_matched_tokens(req, 0) == (0, False)  # rank 1 has nothing
+    sched.update_connector_output(
+        SimpleNamespace(kv_connector_worker_meta=WorkerReport(stored={1: hashes}))
+    )
+    assert sched.get_num_new_matched_tokens(req, 0) == (255, False)
+    sched.update_state_after_alloc(req, 255)
+    meta = sched.build_meta(_output("r", 255, 1, list(range(8))))
+    assert [(ld.chunk_index, ld.block_ids) for ld in meta.loads] == [
+        (0, [0, 1, 2, 3]),
+        (1, [4, 5, 6, 7]),
+    ]
+    assert meta.saves == []  # already stored
+    sched.request_finished(req)
+    assert sched.stats()["active_requests"] == 0
+
+
+def test_saves_of_one_chunk_are_deduplicated_within_a_step() -> None:
+    sched = _scheduler()
+    a, b = _request(list(range(4, 4 + 130))), _request(list(range(4, 4 + 130)))
+    b.request_id = "s"
+    for r in (a, b):
+        assert sched.get_num_new_matched_tokens(r, 0) == (0, False)
+    out = _output("r", 0, 130, list(range(5)))
+    out.scheduled_new_reqs.append(
+        SimpleNamespace(req_id="s", num_computed_tokens=0, block_ids=([9, 8, 7, 6, 5],))
+    )
+    out.num_scheduled_tokens["s"] = 130
+    out.kv_connector_block_state = None
+    meta = sched.build_meta(out)
+    assert [(sv.req_id, sv.chunk_index) for sv in meta.saves] == [("r", 0)]
+
+
+# ---------------------------------------------------------------------------- plugin
+def test_plugin_registers_the_name_once_and_lazily() -> None:
+    code = (
+        "import sys\n"
+        "from lmcache_core.integrations.vllm import plugin\n"
+        "plugin.register(); plugin.register()\n"
+        "from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory\n"
+        "heavy = [m for m in ('lmcache_core.integrations.vllm.connector', 'lmcache_core.hierarchy',"
+        " 'lmcache_backend_disk') if m in sys.modules]\n"
+        "from lmcache_core.plugins import registry\n"
+        "print(heavy, registry._registry is None)\n"
+        "cls = KVConnectorFactory.get_connector_class_by_name('LMCacheCoreConnector')\n"
+        "print(cls.__module__, cls.__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[-2] == "[] True"  # nothing heavy imported, no lmcache plugin loaded
+    assert lines[-1] == "lmcache_core.integrations.vllm.connector LMCacheCoreConnector"
