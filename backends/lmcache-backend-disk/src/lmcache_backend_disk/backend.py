@@ -65,6 +65,7 @@ class _Write:
     value: torch.Tensor
     pending_id: int | None = None
     written: bool = False
+    new_dirs: tuple[str, ...] = ()  # parents of directories created for it (to fsync)
 
 
 class _Counters:
@@ -494,7 +495,10 @@ class DiskBackend(DiskMaintenance, BaseBackend):
             value = w.value
             if value.device.type != "cpu":
                 value = value.to("cpu")
-            self.io.write_temp(self._abs(w.tmp), w.key, self._ns_json, value.contiguous())
+            _, new_dirs = self.io.write_temp(
+                self._abs(w.tmp), w.key, self._ns_json, value.contiguous()
+            )
+            w.new_dirs = tuple(new_dirs)
             w.written = True
         except OSError as exc:
             self.counters.store_failures += 1
@@ -540,7 +544,12 @@ class DiskBackend(DiskMaintenance, BaseBackend):
         for i in renamed:
             results[i] = True
         if self.opts.fsync and renamed:
-            for d in sorted({os.path.dirname(self._abs(writes[i].rel)) for i in renamed}):
+            # One fsync per directory touched by the batch (the renames, and the entries of
+            # directories created for it), deepest first; on journaling filesystems the
+            # first one commits them all and the rest return at once.
+            dirs = {os.path.dirname(self._abs(writes[i].rel)) for i in renamed}
+            dirs.update(d for i in renamed for d in writes[i].new_dirs)
+            for d in sorted(dirs, key=lambda p: (-p.count(os.sep), p)):
                 try:
                     layout.fsync_dir(d)
                 except OSError as exc:

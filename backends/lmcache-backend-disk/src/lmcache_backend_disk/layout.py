@@ -185,8 +185,28 @@ def iter_files(root: str, top: str) -> Iterator[ObjectFile | TempFile]:
                     continue
 
 
-def make_dirs(path: str, mode: int, *, durable: bool) -> None:
-    """``mkdir -p`` with ``mode`` (umask notwithstanding); fsync parents of new directories."""
+def current_umask() -> int:
+    """The process umask, read without changing it (``/proc``; else set-and-restore)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o077)
+    os.umask(old)
+    return old
+
+
+def make_dirs(path: str, mode: int, *, durable: bool, umask: int | None = None) -> list[str]:
+    """``mkdir -p`` with ``mode`` (umask notwithstanding: pass ``umask`` to skip the
+    chmod when it takes nothing away).
+
+    Returns the parents of the directories it created: they must be fsynced for the new
+    entries to survive a power loss - here when ``durable``, else by the caller (which may
+    batch them with other directory fsyncs).
+    """
     missing = []
     p = path
     while not os.path.isdir(p):
@@ -195,14 +215,19 @@ def make_dirs(path: str, mode: int, *, durable: bool) -> None:
         if parent == p:
             break
         p = parent
+    parents = []
     for d in reversed(missing):
         try:
             os.mkdir(d, mode)
         except FileExistsError:
             continue
-        os.chmod(d, mode)
-        if durable:
-            fsync_dir(os.path.dirname(d))
+        if umask is None or mode & umask:
+            os.chmod(d, mode)  # the umask took bits away
+        parents.append(os.path.dirname(d))
+    if durable:
+        for parent in parents:
+            fsync_dir(parent)
+    return parents
 
 
 def fsync_dir(path: str) -> None:

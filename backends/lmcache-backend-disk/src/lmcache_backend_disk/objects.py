@@ -27,7 +27,7 @@ from lmcache_core import format as fmt
 from lmcache_core.errors import FormatError
 
 from .aligned import ALIGN, BufferPool, aligned_empty, round_up
-from .layout import expected_location, make_dirs
+from .layout import current_umask, expected_location, make_dirs
 
 __all__ = ["ObjectIO", "ReadOutcome", "ReadResult"]
 
@@ -108,6 +108,7 @@ class ObjectIO:
         self.direct = direct
         self.durable = durable
         self.pool = pool
+        self.umask = current_umask()
 
     # ------------------------------------------------------------------ writing
     def object_size(self, key: str, ns_json: str, value: torch.Tensor) -> int:
@@ -115,10 +116,13 @@ class ObjectIO:
         n = value.numel() * value.element_size()
         return header_length(key, ns_json, value.dtype, tuple(value.shape)) + n
 
-    def write_temp(self, tmp_abs: str, key: str, ns_json: str, value: torch.Tensor) -> int:
+    def write_temp(
+        self, tmp_abs: str, key: str, ns_json: str, value: torch.Tensor
+    ) -> tuple[int, list[str]]:
         """Write the complete object of ``value`` to the new file ``tmp_abs`` (flushed to
-        the device when durable); return its size. The file is removed on any error."""
-        fd = self._create(tmp_abs)
+        the device when durable). Returns its size and the directories whose new entries
+        (created on the way) still need an fsync. The file is removed on any error."""
+        fd, new_dirs = self._create(tmp_abs)
         try:
             size = self._write(fd, key, ns_json, value)
             if self.durable:
@@ -131,23 +135,27 @@ class ObjectIO:
                 pass
             raise
         os.close(fd)
-        return size
+        return size, new_dirs
 
-    def _create(self, path: str) -> int:
+    def _create(self, path: str) -> tuple[int, list[str]]:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | _O_NOFOLLOW
         if self.direct:
             flags |= _O_DIRECT
+        new_dirs: list[str] = []
         try:
             fd = os.open(path, flags, self.file_mode)
         except FileNotFoundError:
-            make_dirs(os.path.dirname(path), self.dir_mode, durable=self.durable)
+            new_dirs = make_dirs(
+                os.path.dirname(path), self.dir_mode, durable=False, umask=self.umask
+            )
             fd = os.open(path, flags, self.file_mode)
-        try:
-            os.fchmod(fd, self.file_mode)  # whatever the umask
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+        if self.file_mode & self.umask:  # the umask took bits away: put them back
+            try:
+                os.fchmod(fd, self.file_mode)
+            except BaseException:
+                os.close(fd)
+                raise
+        return fd, new_dirs
 
     def _write(self, fd: int, key: str, ns_json: str, value: torch.Tensor) -> int:
         shape = tuple(value.shape)
