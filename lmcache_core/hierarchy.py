@@ -204,6 +204,7 @@ class TieredHierarchy(BaseBackend):
         if self._stats_writer is not None:
             await self._stats_writer.stop()
             self._stats_writer = None
+        self.budget.close()
 
     async def flush(self) -> None:
         """Wait until every background store queued so far has finished (in all tiers)."""
@@ -459,31 +460,35 @@ class TieredHierarchy(BaseBackend):
         """The eviction listener of the tier above ``target`` (its tensor is only valid
         during the call: copy it)."""
 
-        def on_evict(key: CacheEngineKey, value: torch.Tensor) -> None:
+        def on_evict(key: CacheEngineKey, value: torch.Tensor) -> bool:
             if self._state != "started":
-                return
+                return False
             if key in target.known or target.writer.queued(key):
                 target.stats.known_skips += 1
-                return
+                return False
             if not target.admits(key) or not target.accepting():
-                return
-            buf = self.pool.take_like(value)
-            _copy(buf, value)
-            chunk = StagedChunk(buf, self.pool)
+                return False
             try:
                 running = asyncio.get_running_loop()
             except RuntimeError:
                 running = None
             if running is self._loop:
+                # Take the evicted buffer itself (the tier above lets go of it): no copy.
+                chunk = StagedChunk(value, None)
                 target.enqueue(key, chunk, "back")
                 chunk.release()
-            elif self._loop is not None:  # evicted from another thread: hand over to the loop
+                return True
+            if self._loop is not None:  # evicted from another thread: copy, hand to the loop
+                buf = self.pool.take_like(value)
+                _copy(buf, value)
+                staged = StagedChunk(buf, self.pool)
 
                 def enqueue() -> None:
-                    target.enqueue(key, chunk, "back")
-                    chunk.release()
+                    target.enqueue(key, staged, "back")
+                    staged.release()
 
                 self._loop.call_soon_threadsafe(enqueue)
+            return False
 
         return on_evict
 

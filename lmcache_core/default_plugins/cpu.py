@@ -38,7 +38,8 @@ __all__ = ["CPUBackend", "CPUOptions"]
 
 log = logging.getLogger("lmcache_core.cpu")
 
-EvictionListener = Callable[[CacheEngineKey, torch.Tensor], None]
+#: ``listener(key, tensor) -> bool | None``; returning ``True`` takes the tensor's memory.
+EvictionListener = Callable[[CacheEngineKey, torch.Tensor], "bool | None"]
 
 
 @dataclass(frozen=True)
@@ -142,8 +143,9 @@ class CPUBackend(BaseBackend):
     def set_eviction_listener(self, listener: EvictionListener | None) -> None:
         """Call ``listener(key, tensor)`` before an entry is evicted for capacity.
 
-        The tensor is only valid during the call (copy it to keep it). Used by the
-        hierarchy for write-back.
+        The tensor is only valid during the call (copy it to keep it), unless the listener
+        returns ``True``: it then takes the tensor, and the backend never reuses that
+        memory (zero-copy hand-over). Used by the hierarchy for write-back.
         """
         self._eviction_listener = listener
 
@@ -215,14 +217,19 @@ class CPUBackend(BaseBackend):
         for key, entry in self._entries.items():
             if entry.users == 0:
                 del self._entries[key]
+                taken = False
                 if self._eviction_listener is not None:
                     try:
-                        self._eviction_listener(key, entry.view())
+                        taken = self._eviction_listener(key, entry.view()) is True
                     except Exception:  # a listener must never break eviction
                         log.exception("eviction listener failed for %s", key)
                 self._evictions += 1
                 self._evicted_bytes += entry.nbytes
-                self._release(entry)
+                if taken:  # handed over: account for it, never recycle the buffer
+                    entry.stale = True
+                    self._used -= entry.nbytes
+                else:
+                    self._release(entry)
                 return True
         return False
 

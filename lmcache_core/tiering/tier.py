@@ -348,8 +348,13 @@ class Tier:
             return
         t0 = time.perf_counter()
         value = job.chunk.value
+        # The last holder of a staged chunk donates it: a memory tier keeps the buffer
+        # instead of copying it (no copy on the event loop), others ignore the flag.
+        donate = job.chunk.exclusive()
+        if donate:
+            job.chunk.donated()
         try:
-            ok = await self.backend.put(job.key, value)
+            ok = await self.backend.put(job.key, value, donate)
         except Exception as exc:
             self.stats.store_failures += 1
             self._failed("store", exc)
