@@ -564,3 +564,51 @@ def test_close_cancels_what_does_not_drain_in_time() -> None:
         assert h.tier("warm").stats.stores == 0
 
     run_async(body())
+
+
+# ---------------------------------------------------------------------------- zero copy
+def test_write_back_takes_the_evicted_buffer_without_copying() -> None:
+    async def body() -> None:
+        async with hierarchy(cpu("hot", chunks=1), cpu("warm", write={"policy": "back"})) as h:
+            hot, warm = h.tier("hot").backend, h.tier("warm").backend
+            a, b = make_key("za"), make_key("zb")
+            await h.put(a, chunk(1))
+            ptr = hot._entries[a].buf.data_ptr()
+            await h.put(b, chunk(2))  # evicts a: its buffer moves down as is
+            await h.flush()
+            assert warm._entries[a].buf.data_ptr() == ptr
+            assert same_bits(await warm.get(a), chunk(1))
+            assert hot.stats()["recycled_bytes"] == 0  # the hot tier let go of it
+            assert hot.stats()["used_bytes"] == CHUNK
+            await h.put(make_key("zc"), chunk(3))  # the hot tier reuses no taken memory
+            assert same_bits(await warm.get(a), chunk(1))
+
+    run_async(body())
+
+
+def test_cpu_eviction_listener_may_take_the_tensor() -> None:
+    from lmcache_core import CPUBackend
+
+    async def body() -> None:
+        b = CPUBackend({"max_bytes": 2 * CHUNK})
+        taken: dict[Any, torch.Tensor] = {}
+
+        def listener(key: Any, value: torch.Tensor) -> bool:
+            if len(taken) == 0:
+                taken[key] = value  # keep the first evicted tensor
+                return True
+            return False  # the second is copied by nobody: recycled
+
+        b.set_eviction_listener(listener)
+        await b.start()
+        keys = [make_key(f"ev{i}") for i in range(4)]
+        for i, k in enumerate(keys):
+            await b.put(k, chunk(i))
+        assert list(taken) == [keys[0]]
+        assert b.stats()["used_bytes"] <= 2 * CHUNK
+        for i in range(4, 8):  # churn: the taken tensor is never reused
+            await b.put(make_key(f"ev{i}"), chunk(i))
+        assert same_bits(taken[keys[0]], chunk(0))
+        await b.close()
+
+    run_async(body())
