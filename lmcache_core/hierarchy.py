@@ -285,7 +285,12 @@ class TieredHierarchy(BaseBackend):
         )
 
     async def release(self, keys: Sequence[CacheEngineKey]) -> int:
-        """End one lease per key taken by :meth:`lookup_prefix`; returns how many ended."""
+        """End one lease per key taken by :meth:`lookup_prefix`; returns how many ended.
+
+        After :meth:`close` (which ended every lease) this returns 0 instead of raising, so
+        callers finishing requests during shutdown need no special case."""
+        if self.closed:
+            return 0
         self._check()
         undo = self.leases.release(keys)
         self._unpin(undo)

@@ -481,6 +481,7 @@ def test_leased_chunks_survive_eviction_until_released() -> None:
             assert not await in_tier(h, "hot", keys[0])
             assert await in_tier(h, "hot", keys[2])  # still leased
             assert h.stats()["leases"] == 1
+        assert await h.release(keys) == 0  # closed: every lease ended, no error
 
     run_async(body())
 
