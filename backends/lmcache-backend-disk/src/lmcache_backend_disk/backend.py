@@ -130,22 +130,38 @@ class DiskBackend(DiskMaintenance, BaseBackend):
         return os.path.join(self.root, rel)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` in the I/O pool. If the caller is cancelled, wait for the
-        thread to finish before re-raising, so no caller buffer is touched afterwards."""
+        """Run ``fn(*args)`` in the I/O pool and return its result (see :meth:`_await_all`)."""
         assert self._exec is not None
-        fut = self._exec.submit(fn, *args)
-        afut = asyncio.wrap_future(fut)
+        return (await self._await_all([self._exec.submit(fn, *args)]))[0]
+
+    async def _await_all(self, futs: Sequence[concurrent.futures.Future[T]]) -> list[T]:
+        """Results of pool jobs, in order. A thread cannot be stopped: if the caller is
+        cancelled, wait for every job to finish before re-raising, so no caller buffer is
+        touched afterwards and no reservation is left behind."""
+        if not futs:
+            return []
+        afuts = [asyncio.wrap_future(f) for f in futs]
+        waiter = asyncio.ensure_future(asyncio.wait(afuts))
+        cancelled = False
+        while not waiter.done():
+            try:
+                await asyncio.shield(waiter)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            for a in afuts:
+                if not a.cancelled():
+                    a.exception()  # retrieved: no "never retrieved" warnings
+            raise asyncio.CancelledError
+        return [a.result() for a in afuts]
+
+    def _submit_or_run(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue ``fn(*args)`` in the pool, or run it here if the pool is shutting down."""
+        assert self._exec is not None
         try:
-            return await asyncio.shield(afut)
-        except asyncio.CancelledError:
-            while not fut.done():
-                try:
-                    await asyncio.shield(afut)
-                except asyncio.CancelledError:
-                    continue
-                except BaseException:
-                    break
-            raise
+            self._exec.submit(fn, *args)
+        except RuntimeError:
+            fn(*args)
 
     @property
     def index(self) -> SharedIndex:
@@ -167,9 +183,25 @@ class DiskBackend(DiskMaintenance, BaseBackend):
         )
         try:
             await self._call(self._start_sync)
+            await self._warm_pool()
         except BaseException:
             await asyncio.get_running_loop().run_in_executor(None, self._shutdown_sync)
             raise
+
+    async def _warm_pool(self) -> None:
+        """Start every I/O thread now: a thread started under load waits for the GIL, which
+        would delay the first operations of a burst by milliseconds each."""
+        assert self._exec is not None
+        n = self.opts.concurrency
+        barrier = threading.Barrier(n)
+
+        def meet() -> None:
+            try:
+                barrier.wait(timeout=5.0)
+            except threading.BrokenBarrierError:
+                pass
+
+        await self._await_all([self._exec.submit(meet) for _ in range(n)])
 
     def _start_sync(self) -> None:
         durable = self.opts.fsync
@@ -248,15 +280,15 @@ class DiskBackend(DiskMaintenance, BaseBackend):
         return await self._call(self._get_into_sync, key, out)
 
     async def _batched_get(self, keys: Sequence[CacheEngineKey]) -> list[torch.Tensor | None]:
-        return list(await asyncio.gather(*(self._call(self._get_sync, k) for k in keys)))
+        assert self._exec is not None
+        return await self._await_all([self._exec.submit(self._get_sync, k) for k in keys])
 
     async def _batched_get_into(
         self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor]
     ) -> list[bool]:
-        return list(
-            await asyncio.gather(
-                *(self._call(self._get_into_sync, k, o) for k, o in zip(keys, outs, strict=True))
-            )
+        assert self._exec is not None
+        return await self._await_all(
+            [self._exec.submit(self._get_into_sync, k, o) for k, o in zip(keys, outs, strict=True)]
         )
 
     def _get_sync(self, key: CacheEngineKey) -> torch.Tensor | None:
@@ -367,15 +399,47 @@ class DiskBackend(DiskMaintenance, BaseBackend):
         if len(writes) <= 1:
             results = await self._call(self._put_sync, writes)
         else:
-            try:
-                await self._call(self._reserve_sync, writes)
-                await asyncio.gather(
-                    *(self._call(self._write_sync, w) for w in writes if w.pending_id is not None),
-                    return_exceptions=True,
-                )
-            finally:
-                results = await self._call(self._publish_sync, writes)
+            done: concurrent.futures.Future[list[bool]] = concurrent.futures.Future()
+            self._submit_or_run(self._put_batch, writes, done)
+            results = (await self._await_all([done]))[0]
         return [results[slot[last[k]]] for k in keys]
+
+    def _put_batch(self, writes: list[_Write], done: concurrent.futures.Future[list[bool]]) -> None:
+        """Reserve room for a batch, then fan its writes out to the pool; the write that
+        finishes last publishes the batch and resolves ``done``. Runs in a pool thread, so
+        no step waits for the event loop."""
+        try:
+            self._reserve_sync(writes)
+        except BaseException:
+            self._finish_batch(writes, done)
+            raise
+        todo = [w for w in writes if w.pending_id is not None]
+        if not todo:
+            self._finish_batch(writes, done)
+            return
+        left = [len(todo)]
+        lock = threading.Lock()
+
+        def write_one(w: _Write) -> None:
+            try:
+                self._write_sync(w)
+            finally:
+                with lock:
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    self._finish_batch(writes, done)
+
+        for w in todo:
+            self._submit_or_run(write_one, w)
+
+    def _finish_batch(
+        self, writes: list[_Write], done: concurrent.futures.Future[list[bool]]
+    ) -> None:
+        try:
+            done.set_result(self._publish_sync(writes))
+        except BaseException as exc:
+            done.set_exception(exc)
 
     def _put_sync(self, writes: list[_Write]) -> list[bool]:
         self._reserve_sync(writes)
