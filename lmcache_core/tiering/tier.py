@@ -89,6 +89,8 @@ class Tier:
         )
         self.started = False
         self._abandoned = 0
+        caps = getattr(backend, "capabilities", None)
+        self._memory_tier = not getattr(caps, "persistent", False)
 
     # ------------------------------------------------------------------ life cycle
     async def start(self) -> None:
@@ -348,9 +350,10 @@ class Tier:
             return
         t0 = time.perf_counter()
         value = job.chunk.value
-        # The last holder of a staged chunk donates it: a memory tier keeps the buffer
-        # instead of copying it (no copy on the event loop), others ignore the flag.
-        donate = job.chunk.exclusive()
+        # The last holder of a staged chunk donates it to a memory tier, which keeps the
+        # buffer instead of copying it on the event loop. A persistent tier writes the
+        # bytes out and keeps nothing: the buffer goes back to the pool for reuse.
+        donate = self._memory_tier and job.chunk.exclusive()
         if donate:
             job.chunk.donated()
         try:
