@@ -46,6 +46,11 @@ class _Counters:
     skipped_saves: int = 0
     load_seconds: float = 0.0
     save_seconds: float = 0.0
+    lookup_seconds: float = 0.0
+    read_seconds: float = 0.0
+    scatter_seconds: float = 0.0
+    gather_seconds: float = 0.0
+    write_seconds: float = 0.0
     steps_with_loads: int = 0
 
 
@@ -185,18 +190,23 @@ class WorkerSide:
         for i, ld in enumerate(loads):
             by_req[ld.req_id].append(i)
         leased = []
+        c = self.counters
+        t0 = time.perf_counter()
         for idxs in by_req.values():
             found = self.storage.lookup([keys[i] for i in idxs], lease_s=LEASE_S)
             for j, i in enumerate(idxs[: found.num_hit]):
                 tiers[i] = found.tiers[j]
                 leased.append(keys[i])
+        c.lookup_seconds += time.perf_counter() - t0
         ok = [False] * len(loads)
         try:
             todo = [i for i in range(len(loads)) if tiers[i] is not None]
             for s in range(0, len(todo), self._max_staging):
                 batch = todo[s : s + self._max_staging]
                 bufs = self._buffers(len(batch))
+                t1 = time.perf_counter()
                 hits = self.storage.get_into([keys[i] for i in batch], bufs)
+                t2 = time.perf_counter()
                 for i, buf, hit in zip(batch, bufs, hits, strict=True):
                     if not hit:
                         continue
@@ -204,9 +214,10 @@ class WorkerSide:
                     n = len(ld.block_ids)
                     self.copier.scatter(buf[:, ld.skip : ld.skip + n], ld.block_ids)
                     ok[i] = True
+                c.read_seconds += t2 - t1
+                c.scatter_seconds += time.perf_counter() - t2
         finally:
             self.storage.release(leased)
-        c = self.counters
         bs = self.ctx.block_size
         missing = []
         for i, ld in enumerate(loads):
@@ -254,9 +265,13 @@ class WorkerSide:
         for s in range(0, len(saves), self._max_staging):
             batch = saves[s : s + self._max_staging]
             bufs = self._buffers(len(batch))
+            t0 = time.perf_counter()
             for sv, buf in zip(batch, bufs, strict=True):
                 self.copier.gather(sv.block_ids, buf)
+            t1 = time.perf_counter()
             res = self.storage.put([self.db.make_key(sv.chunk_hash) for sv in batch], bufs)
+            self.counters.gather_seconds += t1 - t0
+            self.counters.write_seconds += time.perf_counter() - t1
             for sv, good, buf in zip(batch, res, bufs, strict=True):
                 if good:
                     stored.append(sv.chunk_hash)
@@ -302,6 +317,15 @@ class WorkerSide:
             "skipped_saves": c.skipped_saves,
             "load_seconds": round(c.load_seconds, 6),
             "save_seconds": round(c.save_seconds, 6),
+            "load_breakdown_seconds": {
+                "lookup": round(c.lookup_seconds, 6),
+                "read": round(c.read_seconds, 6),
+                "scatter": round(c.scatter_seconds, 6),
+            },
+            "save_breakdown_seconds": {
+                "gather": round(c.gather_seconds, 6),
+                "write": round(c.write_seconds, 6),
+            },
         }
         if self.storage is not None:
             st = self.storage.stats()
