@@ -253,7 +253,7 @@ def main() -> int:
             flush=True,
         )
 
-    print(_report(outputs, args, spec))
+    print(_report(outputs, args, spec, int(storage.get("chunk_size", 256))))
     same = all(
         a["tokens"] == b["tokens"]
         for a, b in zip(outputs[1]["results"], outputs[2]["results"], strict=True)
@@ -261,7 +261,9 @@ def main() -> int:
     return 0 if same else 1
 
 
-def _report(outputs: dict[int, dict[str, Any]], args: argparse.Namespace, spec: Any) -> str:
+def _report(
+    outputs: dict[int, dict[str, Any]], args: argparse.Namespace, spec: Any, chunk_size: int
+) -> str:
     rows: list[tuple[str, str, str]] = [("", "pass 1 (cold)", "pass 2 (fresh process)")]
 
     def first(p: int) -> list[float]:
@@ -351,7 +353,7 @@ def _report(outputs: dict[int, dict[str, Any]], args: argparse.Namespace, spec: 
     head = (
         f"\nlmcache-core + vLLM: {args.docs} documents x {args.questions} questions "
         f"(~{args.doc_words} words each), {spec.num_hidden_layers}-layer float32 model, "
-        f"chunk {DEFAULT_CONFIG['chunk_size']} tokens, tiers cpu -> disk\n"
+        f"chunk {chunk_size} tokens\n"
     )
     tail = (
         f"\n  outputs identical across passes: {same}/{n} {'(ok)' if same == n else '(MISMATCH)'}\n"

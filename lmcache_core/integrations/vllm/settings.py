@@ -21,7 +21,13 @@ from typing import Any
 from ...errors import ConfigError
 from ...options import build_options, option
 
-__all__ = ["DEFAULT_STORAGE_CONFIG", "ConnectorOptions", "ConnectorSettings", "parse_settings"]
+__all__ = [
+    "DEFAULT_STORAGE_CONFIG",
+    "ConnectorOptions",
+    "ConnectorSettings",
+    "options_markdown",
+    "parse_settings",
+]
 
 #: Storage used when neither ``config`` nor ``config_file`` is given.
 DEFAULT_STORAGE_CONFIG: dict[str, Any] = {
@@ -49,7 +55,9 @@ class ConnectorOptions:
         doc="Key chunks from vLLM's block hashes when they are reproducible across processes.",
     )
     stats_dir: str | None = option(
-        None, kind="path", doc="Write each connector's counters to <stats_dir>/<role>-<pid>.json."
+        None,
+        kind="path",
+        doc="Write counters to <stats_dir>/scheduler-<pid>.json and worker<rank>-<pid>.json.",
     )
     max_staging_bytes: int = option(
         "256MiB", kind="bytes", minimum=1, doc="Bound on the reused staging buffers of a worker."
@@ -121,3 +129,18 @@ def parse_settings(extra: Mapping[str, Any] | None) -> ConnectorSettings:
         source = "<default>"
     options = build_options(ConnectorOptions, extra, path="kv_connector_extra_config")
     return ConnectorSettings(storage=storage, options=options, source=source, raw=dict(extra))
+
+
+def options_markdown() -> str:
+    """The Markdown table of :class:`ConnectorOptions` (embedded in ``docs/vllm.md``)."""
+    from ...options import describe_options
+
+    lines = ["| Key | Type | Default | Description |", "|---|---|---|---|"]
+    for o in describe_options(ConnectorOptions):
+        default = o["default_text"]
+        if isinstance(o["default"], bool):
+            default = str(o["default"]).lower()
+        cell = f"`{default}`" if default else ""
+        doc = str(o["doc"]).replace("|", "\\|")
+        lines.append(f"| `{o['name']}` | {o['type']} | {cell} | {doc} |")
+    return "\n".join(lines) + "\n"
