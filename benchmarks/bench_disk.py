@@ -132,10 +132,6 @@ def baseline_get(
 
 
 # --------------------------------------------------------------------------- backend
-def _keys(n: int, nbytes: int) -> list[CacheEngineKey]:
-    return [CacheEngineKey("bench-disk", 1, 0, (nbytes << 20) + i + 1, "uint8") for i in range(n)]
-
-
 async def backend_put(
     b: DiskBackend, keys: list[CacheEngineKey], values: list[torch.Tensor], batch: int
 ) -> None:
@@ -152,15 +148,20 @@ async def backend_get(
     assert all(all(r) for r in results), "a get missed"
 
 
+async def _remove_all(b: DiskBackend, keys: list[CacheEngineKey]) -> None:
+    await asyncio.gather(*(b.remove(k) for k in keys))
+
+
 # --------------------------------------------------------------------------- one size
 class _Size:
-    """Everything one chunk size needs across repeats (buffers are reused)."""
+    """Everything one chunk size needs across repeats. One backend serves all repeats (as
+    a long-lived tier would: warm threads and staging buffers); each repeat writes new
+    objects and removes them afterwards, untimed."""
 
     def __init__(self, args: argparse.Namespace, mib: int) -> None:
         self.args = args
         self.nbytes = mib * MiB
         self.n = max(16, args.total_mib // mib)
-        self.keys = _keys(self.n, self.nbytes)
         self.values = [torch.empty(self.nbytes, dtype=torch.uint8).fill_(i % 251)
                        for i in range(self.n)]  # fmt: skip
         self.outs_aligned = [aligned_empty((self.nbytes,), torch.uint8) for _ in range(self.n)]
@@ -173,65 +174,81 @@ class _Size:
             k: [] for k in ("put_base", "put_disk", "get_base", "get_aligned", "get_plain")
         }
         self.cold_by = ""
-        self.direct_io = False
+        self.work = tempfile.mkdtemp(prefix="bench-disk-", dir=args.dir)
+        self.base_dir = os.path.join(self.work, "raw")
+        opts: dict[str, Any] = {"path": os.path.join(self.work, "tier"),
+                                "max_bytes": 4 * self.n * (self.nbytes + HEADER),
+                                "io_nice": args.io_nice}  # fmt: skip
+        if args.disk_concurrency:
+            opts["concurrency"] = args.disk_concurrency
+        self.backend = DiskBackend(opts, namespace=Namespace(model_name="bench-disk"))
+        self.loop = asyncio.new_event_loop()
+        self.loop.run_until_complete(self.backend.start())
+        if not self.backend.direct_io and not args.allow_buffered:
+            raise SystemExit(f"{self.work} refuses O_DIRECT (--allow-buffered to run anyway)")
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.backend.close())
+        self.loop.close()
+        self.pool.shutdown()
+        shutil.rmtree(self.work, ignore_errors=True)
 
     def repeat(self, r: int) -> None:
-        """One round: puts (both orders alternate), then three cold reads."""
-        args = self.args
-        work = tempfile.mkdtemp(prefix="bench-disk-", dir=args.dir)
-        base_dir, tier_dir = os.path.join(work, "raw"), os.path.join(work, "tier")
-        opts = {"path": tier_dir, "max_bytes": 4 * self.n * (self.nbytes + HEADER),
-                "concurrency": args.concurrency, "io_nice": args.io_nice}  # fmt: skip
-        b = DiskBackend(opts, namespace=Namespace(model_name="bench-disk"))
-        loop = asyncio.new_event_loop()
-        try:
-            loop.run_until_complete(b.start())
-            self.direct_io = b.direct_io
-            if not b.direct_io and not args.allow_buffered:
-                raise SystemExit(f"{tier_dir} refuses O_DIRECT (--allow-buffered to run anyway)")
-            steps: list[tuple[str, Callable[[], Any]]] = [
-                ("put_base", lambda: baseline_put(base_dir, self.n, self.nbytes, self.pool,
-                                                  self.bufs)),
-                ("put_disk", lambda: loop.run_until_complete(
-                    backend_put(b, self.keys, self.values, args.batch))),
-            ]  # fmt: skip
-            gets: list[tuple[str, Callable[[], Any]]] = [
-                ("get_base", lambda: baseline_get(base_dir, self.n, self.nbytes, self.pool,
-                                                  self.bufs)),
-                ("get_aligned", lambda: loop.run_until_complete(
-                    backend_get(b, self.keys, self.outs_aligned, args.batch))),
-                ("get_plain", lambda: loop.run_until_complete(
-                    backend_get(b, self.keys, self.outs_plain, args.batch))),
-            ]  # fmt: skip
-            if r % 2:
-                steps.reverse()
-                gets.reverse()
-            for name, fn in steps:
-                os.sync()
-                self.samples[name].append(_timed(fn))
-            for name, fn in gets:
-                self.cold_by = drop_caches([work])
-                self.samples[name].append(_timed(fn))
-            for i in (0, self.n - 1):  # what was read back is what was written
-                assert torch.equal(self.outs_plain[i], self.values[i])
-                assert torch.equal(self.outs_aligned[i], self.values[i])
-            loop.run_until_complete(b.close())
-        finally:
-            loop.close()
-            shutil.rmtree(work, ignore_errors=True)
+        """One round: both puts (order alternates), then three cold reads (order rotates)."""
+        args, b, loop = self.args, self.backend, self.loop
+        keys = [
+            CacheEngineKey("bench-disk", 1, 0, (r << 32) + i + 1, "uint8") for i in range(self.n)
+        ]
+        steps: list[tuple[str, Callable[[], Any]]] = [
+            ("put_base", lambda: baseline_put(self.base_dir, self.n, self.nbytes, self.pool,
+                                              self.bufs)),
+            ("put_disk", lambda: loop.run_until_complete(
+                backend_put(b, keys, self.values, args.batch))),
+        ]  # fmt: skip
+        gets: list[tuple[str, Callable[[], Any]]] = [
+            ("get_base", lambda: baseline_get(self.base_dir, self.n, self.nbytes, self.pool,
+                                              self.bufs)),
+            ("get_aligned", lambda: loop.run_until_complete(
+                backend_get(b, keys, self.outs_aligned, args.batch))),
+            ("get_plain", lambda: loop.run_until_complete(
+                backend_get(b, keys, self.outs_plain, args.batch))),
+        ]  # fmt: skip
+        if r % 2:
+            steps.reverse()
+        gets = gets[r % 3 :] + gets[: r % 3]
+        for name, fn in steps:
+            os.sync()
+            self.samples[name].append(_timed(fn))
+        for name, fn in gets:
+            self.cold_by = drop_caches([self.work])
+            self.samples[name].append(_timed(fn))
+        for i in (0, self.n - 1):  # what was read back is what was written
+            assert torch.equal(self.outs_plain[i], self.values[i])
+            assert torch.equal(self.outs_aligned[i], self.values[i])
+        loop.run_until_complete(_remove_all(b, keys))
+        shutil.rmtree(self.base_dir, ignore_errors=True)
 
     def report(self) -> dict[str, float]:
         total = self.n * self.nbytes
         g = {k: total / statistics.median(v) / 1e9 for k, v in self.samples.items()}
+        s = self.samples
+        # ratios of the pairs measured back to back: robust to slow phases of the machine
+        pr = {
+            k: statistics.median(b / d for b, d in zip(s[base], s[k], strict=True))
+            for k, base in (("put_disk", "put_base"), ("get_aligned", "get_base"),
+                            ("get_plain", "get_base"))
+        }  # fmt: skip
         print(f"\n{self.nbytes // MiB} MiB chunks x {self.n}, median of {self.args.repeats}, "
-              f"cold reads by {self.cold_by}, direct_io={self.direct_io}, "
-              f"batch={self.args.batch}, io_nice={self.args.io_nice}")  # fmt: skip
+              f"cold reads by {self.cold_by}, direct_io={self.backend.direct_io}, "
+              f"batch={self.args.batch}, io_nice={self.args.io_nice}, disk concurrency="
+              f"{self.backend.opts.concurrency}, baseline {self.args.concurrency} in flight")  # fmt: skip
         print(f"  put  baseline {g['put_base']:5.2f} GB/s | disk {g['put_disk']:5.2f} GB/s "
-              f"= {g['put_disk'] / g['put_base']:.2f}x")  # fmt: skip
+              f"= {g['put_disk'] / g['put_base']:.2f}x (paired {pr['put_disk']:.2f}x)")  # fmt: skip
         print(f"  get  baseline {g['get_base']:5.2f} GB/s | disk, aligned out "
-              f"{g['get_aligned']:5.2f} GB/s = {g['get_aligned'] / g['get_base']:.2f}x | disk, "
-              f"plain out {g['get_plain']:5.2f} GB/s = {g['get_plain'] / g['get_base']:.2f}x")  # fmt: skip
-        return g
+              f"{g['get_aligned']:5.2f} GB/s = {g['get_aligned'] / g['get_base']:.2f}x "
+              f"(paired {pr['get_aligned']:.2f}x) | disk, plain out {g['get_plain']:5.2f} GB/s "
+              f"= {g['get_plain'] / g['get_base']:.2f}x (paired {pr['get_plain']:.2f}x)")  # fmt: skip
+        return {**g, **{f"ratio_{k}": v for k, v in pr.items()}}
 
 
 def bench_size(args: argparse.Namespace, mib: int) -> dict[str, float]:
@@ -241,7 +258,7 @@ def bench_size(args: argparse.Namespace, mib: int) -> dict[str, float]:
         for r in range(args.repeats):
             size.repeat(r)
     finally:
-        size.pool.shutdown()
+        size.close()
     return size.report()
 
 
@@ -342,7 +359,13 @@ def main() -> None:
     ap.add_argument("--total-mib", type=int, default=1024, help="data per run (default 1024)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batch", type=int, default=16, help="chunks per batched call")
-    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--concurrency", type=int, default=16, help="baseline requests in flight")
+    ap.add_argument(
+        "--disk-concurrency",
+        type=int,
+        default=0,
+        help="the backend's concurrency (default: its own)",
+    )
     ap.add_argument("--engines", action="store_true", help="also compare aiofiles / threads")
     ap.add_argument("--allow-buffered", action="store_true")
     ap.add_argument(

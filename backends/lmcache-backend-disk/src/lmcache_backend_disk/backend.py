@@ -155,6 +155,36 @@ class DiskBackend(DiskMaintenance, BaseBackend):
             raise asyncio.CancelledError
         return [a.result() for a in afuts]
 
+    async def _run_batch(self, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]]) -> list[T]:
+        """``[fn(*args) for args in calls]`` run concurrently in the pool; the job that
+        finishes last resolves one future, so the event loop wakes once per batch."""
+        if len(calls) <= 1:
+            return [await self._call(fn, *args) for args in calls]
+        done: concurrent.futures.Future[list[T]] = concurrent.futures.Future()
+        results: list[Any] = [None] * len(calls)
+        errors: list[BaseException] = []
+        left = [len(calls)]
+        lock = threading.Lock()
+
+        def one(i: int, args: tuple[Any, ...]) -> None:
+            try:
+                results[i] = fn(*args)
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                with lock:
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    if errors:
+                        done.set_exception(errors[0])
+                    else:
+                        done.set_result(results)
+
+        for i, args in enumerate(calls):
+            self._submit_or_run(one, i, args)
+        return (await self._await_all([done]))[0]
+
     def _submit_or_run(self, fn: Callable[..., Any], *args: Any) -> None:
         """Queue ``fn(*args)`` in the pool, or run it here if the pool is shutting down."""
         assert self._exec is not None
@@ -280,16 +310,12 @@ class DiskBackend(DiskMaintenance, BaseBackend):
         return await self._call(self._get_into_sync, key, out)
 
     async def _batched_get(self, keys: Sequence[CacheEngineKey]) -> list[torch.Tensor | None]:
-        assert self._exec is not None
-        return await self._await_all([self._exec.submit(self._get_sync, k) for k in keys])
+        return await self._run_batch(self._get_sync, [(k,) for k in keys])
 
     async def _batched_get_into(
         self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor]
     ) -> list[bool]:
-        assert self._exec is not None
-        return await self._await_all(
-            [self._exec.submit(self._get_into_sync, k, o) for k, o in zip(keys, outs, strict=True)]
-        )
+        return await self._run_batch(self._get_into_sync, list(zip(keys, outs, strict=True)))
 
     def _get_sync(self, key: CacheEngineKey) -> torch.Tensor | None:
         rel = self._rel(key)

@@ -19,9 +19,11 @@ import enum
 import fcntl
 import os
 from dataclasses import dataclass
+from typing import NoReturn
 
 import numpy as np
 import torch
+from xxhash import xxh3_128_hexdigest
 
 from lmcache_core import format as fmt
 from lmcache_core.errors import FormatError
@@ -34,6 +36,7 @@ __all__ = ["ObjectIO", "ReadOutcome", "ReadResult"]
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DUMMY_CHECKSUM = "xxh3_128:" + "0" * 32
+_CHECKSUM_FIELD = b'"checksum":"xxh3_128:'
 _STANDARD_META = frozenset({"format", "format_version", "key", "namespace", "checksum", "codec"})
 
 
@@ -61,6 +64,40 @@ def _u8(t: torch.Tensor) -> np.ndarray:
     return (
         np.frombuffer(fmt.tensor_bytes(t), dtype=np.uint8) if t.numel() else np.empty(0, np.uint8)
     )
+
+
+class HeaderTemplate:
+    """The exact header of an object with these fields, checksum digits left open.
+
+    Built with one :func:`~lmcache_core.format.encode_header` call; writers fill in the
+    digits, readers compare a file's header with it byte for byte (all but the digits),
+    which checks canonical form, format, key, namespace, dtype and shape at once.
+    """
+
+    __slots__ = ("bytes", "digits_at")
+
+    def __init__(self, key: str, ns_json: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+        self.bytes = fmt.encode_header(key, ns_json, dtype, shape, _DUMMY_CHECKSUM)
+        # '"checksum":"' cannot occur inside a JSON string value (its quotes would be
+        # escaped), so the first match is the metadata field itself.
+        self.digits_at = self.bytes.index(_CHECKSUM_FIELD) + len(_CHECKSUM_FIELD)
+
+    def __len__(self) -> int:
+        return len(self.bytes)
+
+    def with_digits(self, digits: str) -> bytes:
+        """The header carrying checksum ``xxh3_128:<digits>``."""
+        at = self.digits_at
+        return self.bytes[:at] + digits.encode("ascii") + self.bytes[at + 32 :]
+
+    def digits_of(self, raw: bytes | memoryview) -> str | None:
+        """The checksum digits of ``raw`` if it is this header (any digits), else ``None``."""
+        at = self.digits_at
+        if len(raw) != len(self.bytes) or raw[:at] != self.bytes[:at]:
+            return None
+        if raw[at + 32 :] != self.bytes[at + 32 :]:
+            return None
+        return bytes(raw[at : at + 32]).decode("latin-1")
 
 
 def header_length(key: str, ns_json: str, dtype: torch.dtype, shape: tuple[int, ...]) -> int:
@@ -161,23 +198,19 @@ class ObjectIO:
         shape = tuple(value.shape)
         src = _u8(value)
         n = src.nbytes
+        template = HeaderTemplate(key, ns_json, value.dtype, shape)
         if not self.direct:
-            header = fmt.encode_header(key, ns_json, value.dtype, shape, fmt.checksum(src))
+            header = template.with_digits(xxh3_128_hexdigest(src.data))
             _pwrite_all(fd, [memoryview(header), src.data], 0)
             return len(header) + n
-        hlen = header_length(key, ns_json, value.dtype, shape)
+        hlen = len(template)
         size = hlen + n
         padded = round_up(size)
         buf = self.pool.take(padded)
         try:
             stage = np.frombuffer(buf.view, dtype=np.uint8)
             np.copyto(stage[hlen:size], src)
-            header = fmt.encode_header(
-                key, ns_json, value.dtype, shape, fmt.checksum(buf.view[hlen:size])
-            )
-            if len(header) != hlen:  # pragma: no cover - encode_header is deterministic
-                raise RuntimeError("object header length changed between two encodings")
-            buf.view[:hlen] = header
+            buf.view[:hlen] = template.with_digits(xxh3_128_hexdigest(buf.view[hlen:size]))
             stage[size:padded] = 0
             _pwrite_all(fd, [buf.view[:padded]], 0)
             if padded != size:
@@ -227,20 +260,28 @@ class ObjectIO:
             os.close(fd)
 
     def _read_into(self, fd: int, size: int, key: str, ns_json: str, out: torch.Tensor) -> None:
-        shape = tuple(out.shape)
-        hlen = header_length(key, ns_json, out.dtype, shape)
+        template = HeaderTemplate(key, ns_json, out.dtype, tuple(out.shape))
+        hlen = len(template)
         n = out.numel() * out.element_size()
         if size != hlen + n:
             # Either another shape/dtype of this key (the caller's buffer is wrong) or junk.
-            raw_head = self._read_head(fd, size)
-            header = self._check_header(raw_head, size, key, ns_json)
-            fmt.check_out(header, out)
-            raise FormatError("object size disagrees with its header")  # pragma: no cover
+            self._explain_mismatch(self._read_head(fd, size), size, key, ns_json, out)
         dst = _u8(out)
         raw = self._read_body(fd, hlen, size, dst, with_head=True)
+        digits = template.digits_of(raw)
+        if digits is None:
+            self._explain_mismatch(raw, size, key, ns_json, out)
+        if xxh3_128_hexdigest(dst.data) != digits:
+            raise FormatError("checksum mismatch: object data is corrupted")
+
+    def _explain_mismatch(
+        self, raw: bytes, size: int, key: str, ns_json: str, out: torch.Tensor
+    ) -> NoReturn:
+        """The header is not the one expected: raise why (a FormatError for a bad or
+        foreign object, a BufferMismatchError for a sound object of another shape)."""
         header = self._check_header(raw, size, key, ns_json)
         fmt.check_out(header, out)
-        fmt.verify_data(header, dst)
+        raise FormatError("object header differs from the expected one")
 
     def read_new(self, path: str, key: str | None, ns_json: str | None) -> ReadResult:
         """Read the object at ``path`` into a new tensor and verify it. ``key``/``ns_json``
