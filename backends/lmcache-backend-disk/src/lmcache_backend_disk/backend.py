@@ -292,7 +292,12 @@ class DiskBackend(DiskMaintenance, BaseBackend):
         return (await self._call(self._exists_sync, [self._rel(key)]))[0]
 
     async def _batched_contains(self, keys: Sequence[CacheEngineKey]) -> list[bool]:
-        return await self._call(self._exists_sync, [self._rel(k) for k in keys])
+        rels = [self._rel(k) for k in keys]
+        step = max(16, -(-len(rels) // self.opts.concurrency))  # cold stats in parallel
+        parts = await self._run_batch(
+            self._exists_sync, [(rels[i : i + step],) for i in range(0, len(rels), step)]
+        )
+        return [hit for part in parts for hit in part]
 
     def _exists_sync(self, rels: list[str]) -> list[bool]:
         out = []
