@@ -128,14 +128,22 @@ def run_engine(
 
 
 def connector_config(
-    storage: dict[str, Any], stats_dir: Path, *, policy: str | None = "recompute", **options: Any
+    storage: dict[str, Any],
+    stats_dir: Path,
+    *,
+    policy: str | None = "recompute",
+    by_module_path: bool = False,
+    **options: Any,
 ) -> dict[str, Any]:
-    """A ``kv_transfer_config`` selecting the connector by its registered name."""
+    """A ``kv_transfer_config`` selecting the connector by its registered name (or by
+    ``kv_connector_module_path``)."""
     cfg: dict[str, Any] = {
         "kv_connector": "LMCacheCoreConnector",
         "kv_role": "kv_both",
         "kv_connector_extra_config": {"config": storage, "stats_dir": str(stats_dir), **options},
     }
+    if by_module_path:
+        cfg["kv_connector_module_path"] = "lmcache_core.integrations.vllm.connector"
     if policy is not None:
         cfg["kv_load_failure_policy"] = policy
     return cfg

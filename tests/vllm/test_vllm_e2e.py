@@ -8,8 +8,10 @@ Four engine processes, each running many cases (see the ``engine_*`` fixtures):
   disk directory): reuse from disk, a corrupted chunk, a local + external hit, reuse
   from the CPU tier after resetting vLLM's prefix cache, a chunk gone between lookup and
   load;
-* ``e3``: a model with the same ``config.json`` but other weights on the same disk;
-* ``e4``: tensor parallel 2 (worker connectors in two other processes).
+* ``e3``: a model with the same ``config.json`` but other weights on the same disk (the
+  connector selected through ``kv_connector_module_path``);
+* ``e4``: tensor parallel 2 (worker connectors in two other processes);
+* ``e5``: a sliding-window model: the connector turns itself off with one ERROR line.
 """
 
 from __future__ import annotations
@@ -164,7 +166,8 @@ def e3(vllm_models: Models, workdir: Path, e1: EngineRun) -> EngineRun:
     disk = workdir / "disk"
     stats = workdir / "stats-e3"
     # No failure policy: vLLM's default ("fail") must draw the connector's ERROR line.
-    ktc = connector_config(_storage("8MiB", disk), stats, policy=None)
+    # Selected by module path rather than by the registered name.
+    ktc = connector_config(_storage("8MiB", disk), stats, policy=None, by_module_path=True)
     spec = {
         "engine": _engine(vllm_models.twin, ktc, prefix_caching=False),
         "steps": [_gen("other_weights", c.LONG, c.MID)],
@@ -172,6 +175,24 @@ def e3(vllm_models: Models, workdir: Path, e1: EngineRun) -> EngineRun:
         "disk_dir": str(disk),
     }
     return run_engine(workdir, "e3", spec, engine_env(multiprocessing=False))
+
+
+@pytest.fixture(scope="module")
+def e5(workdir: Path) -> EngineRun:
+    from lmcache_core.integrations.vllm.local_model import ModelSpec, make_local_model
+
+    model = make_local_model(
+        workdir / "sliding" / "tiny-sw", ModelSpec(architecture="mistral", sliding_window=64)
+    )
+    stats = workdir / "stats-e5"
+    ktc = connector_config(_storage("8MiB", None), stats)
+    steps = [_gen("first", c.LONG), _gen("second", c.LONG)]
+    spec = {
+        "engine": _engine(model, ktc, prefix_caching=False),
+        "steps": steps,
+        "stats_dir": str(stats),
+    }
+    return run_engine(workdir, "e5", spec, engine_env(multiprocessing=False))
 
 
 @pytest.fixture(scope="module")
@@ -321,6 +342,15 @@ def test_same_config_other_weights_never_hit(e1: EngineRun, e3: EngineRun) -> No
 def test_fail_policy_draws_an_error_naming_the_fix(e1: EngineRun, e3: EngineRun) -> None:
     assert re.search(r"ERROR .*kv_load_failure_policy is 'fail'.*\"recompute\"", e3.log)
     assert "kv_load_failure_policy is" not in e1.log
+
+
+# ---------------------------------------------------------------------------------- e5
+def test_sliding_window_model_disables_the_connector(e5: EngineRun) -> None:
+    errors = re.findall(r"ERROR .*LMCacheCoreConnector disabled, serving no hits: (.*)", e5.log)
+    assert len(errors) == 1 and "sliding-window" in errors[0]
+    assert [o["num_cached_tokens"] for o in e5.outputs("second")] == [0]
+    assert e5.outputs("first")[0]["tokens"] == e5.outputs("second")[0]["tokens"]
+    assert e5.scheduler("second")["disabled"]
 
 
 # ---------------------------------------------------------------------------------- e4

@@ -342,3 +342,26 @@ def test_plugin_registers_the_name_once_and_lazily() -> None:
     lines = out.stdout.strip().splitlines()
     assert lines[-2] == "[] True"  # nothing heavy imported, no lmcache plugin loaded
     assert lines[-1] == "lmcache_core.integrations.vllm.connector LMCacheCoreConnector"
+
+
+def test_keys_from_vllm_block_hashes() -> None:
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    from lmcache_core.integrations.vllm.keying import RequestKeyer
+
+    init_none_hash(sha256)
+    hasher = get_request_block_hasher(2, sha256)
+    keyer = RequestKeyer(_db(), block_size=2, vllm_block_hashes=True)
+    toks = list(range(10, 22))
+
+    def keys(**kw: Any) -> tuple[int, ...]:
+        return _hashes(_request(toks, block_hasher=hasher, **kw), keyer)
+
+    plain = keys()
+    assert len(plain) == 3 and keys() == plain
+    assert plain != _hashes(_request(toks))  # another chain than the token hashes
+    salted = keys(cache_salt="s")
+    assert not set(salted) & set(plain)  # vLLM's hashes carry the salt
+    refused = keyer.keys(_request(toks))  # no block hasher: vLLM computed no hashes
+    assert refused.hashes == () and "block hashes" in (refused.reason or "")

@@ -73,7 +73,8 @@ class ModelSpec:
     dtype: str = "float32"
     seed: int = 0
     head_scale: float = 12.0
-    architecture: str = "llama"
+    architecture: str = "llama"  # llama, qwen2 or mistral
+    sliding_window: int | None = None  # mistral only
 
 
 def vocabulary(size: int) -> list[str]:
@@ -147,10 +148,14 @@ def _build(spec: ModelSpec, path: Path) -> None:
     model: Any
     if spec.architecture == "qwen2":
         model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**common))
+    elif spec.architecture == "mistral":
+        model = tf.MistralForCausalLM(
+            tf.MistralConfig(**common, sliding_window=spec.sliding_window)
+        )
     elif spec.architecture == "llama":
         model = tf.LlamaForCausalLM(tf.LlamaConfig(**common))
     else:
-        raise ValueError(f"unknown architecture {spec.architecture!r} (llama or qwen2)")
+        raise ValueError(f"unknown architecture {spec.architecture!r} (llama, qwen2 or mistral)")
     with torch.no_grad():
         # Random init gives nearly flat logits; a larger head separates the top-1 token.
         model.lm_head.weight.mul_(spec.head_scale)
