@@ -40,7 +40,7 @@ from . import layout
 from .aligned import BufferPool, probe_direct_io
 from .index import IndexTx, SharedIndex
 from .maint import DiskMaintenance
-from .objects import ObjectIO, ReadOutcome, ReadResult
+from .objects import HeaderTemplate, ObjectIO, ReadOutcome, ReadResult
 from .options import DiskOptions, dir_mode, parse_mode
 from .owners import OwnerLock, claim_dead_owner, list_owner_ids, new_owner_id
 
@@ -58,7 +58,7 @@ _EVICT_BATCH = 64
 class _Write:
     """One object to store: its reservation and progress."""
 
-    key: str
+    template: HeaderTemplate  # its header, checksum digits left open
     rel: str
     tmp: str
     size: int
@@ -411,9 +411,9 @@ class DiskBackend(DiskMaintenance, BaseBackend):
     def _plan(self, key: CacheEngineKey, value: torch.Tensor) -> _Write:
         rel = self._rel(key)
         tmp = layout.temp_relpath(rel, self.owner, next(self._seq))
-        key_str = key.to_string()
-        size = self.io.object_size(key_str, self._ns_json, value)
-        return _Write(key_str, rel, tmp, size, value)
+        template = HeaderTemplate(key.to_string(), self._ns_json, value.dtype, tuple(value.shape))
+        size = len(template) + value.numel() * value.element_size()
+        return _Write(template, rel, tmp, size, value)
 
     async def _put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
         return (await self._call(self._put_sync, [self._plan(key, value)]))[0]
@@ -590,9 +590,7 @@ class DiskBackend(DiskMaintenance, BaseBackend):
             value = w.value
             if value.device.type != "cpu":
                 value = value.to("cpu")
-            _, new_dirs = self.io.write_temp(
-                self._abs(w.tmp), w.key, self._ns_json, value.contiguous()
-            )
+            _, new_dirs = self.io.write_temp(self._abs(w.tmp), w.template, value.contiguous())
             w.new_dirs = tuple(new_dirs)
             w.written = True
         except OSError as exc:

@@ -100,11 +100,6 @@ class HeaderTemplate:
         return bytes(raw[at : at + 32]).decode("latin-1")
 
 
-def header_length(key: str, ns_json: str, dtype: torch.dtype, shape: tuple[int, ...]) -> int:
-    """Length of the header (= offset of the data) of an object with these fields."""
-    return len(fmt.encode_header(key, ns_json, dtype, shape, _DUMMY_CHECKSUM))
-
-
 def check_canonical(raw: memoryview | bytes, header: fmt.ObjectHeader) -> None:
     """Raise :class:`FormatError` unless the header bytes are exactly what the writer emits.
 
@@ -148,20 +143,16 @@ class ObjectIO:
         self.umask = current_umask()
 
     # ------------------------------------------------------------------ writing
-    def object_size(self, key: str, ns_json: str, value: torch.Tensor) -> int:
-        """Bytes the object of ``value`` takes on disk."""
-        n = value.numel() * value.element_size()
-        return header_length(key, ns_json, value.dtype, tuple(value.shape)) + n
-
     def write_temp(
-        self, tmp_abs: str, key: str, ns_json: str, value: torch.Tensor
+        self, tmp_abs: str, template: HeaderTemplate, value: torch.Tensor
     ) -> tuple[int, list[str]]:
-        """Write the complete object of ``value`` to the new file ``tmp_abs`` (flushed to
-        the device when durable). Returns its size and the directories whose new entries
-        (created on the way) still need an fsync. The file is removed on any error."""
+        """Write the complete object of ``value`` (whose header ``template`` describes) to
+        the new file ``tmp_abs``, flushed to the device when durable. Returns its size and
+        the directories whose new entries (created on the way) still need an fsync. The
+        file is removed on any error."""
         fd, new_dirs = self._create(tmp_abs)
         try:
-            size = self._write(fd, key, ns_json, value)
+            size = self._write(fd, template, value)
             if self.durable:
                 os.fdatasync(fd)
         except BaseException:
@@ -194,11 +185,9 @@ class ObjectIO:
                 raise
         return fd, new_dirs
 
-    def _write(self, fd: int, key: str, ns_json: str, value: torch.Tensor) -> int:
-        shape = tuple(value.shape)
+    def _write(self, fd: int, template: HeaderTemplate, value: torch.Tensor) -> int:
         src = _u8(value)
         n = src.nbytes
-        template = HeaderTemplate(key, ns_json, value.dtype, shape)
         if not self.direct:
             header = template.with_digits(xxh3_128_hexdigest(src.data))
             _pwrite_all(fd, [memoryview(header), src.data], 0)
