@@ -90,10 +90,14 @@ class _ThreadBuffers:
         return buf
 
 
-def _timed(fn: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
+def _timed(fn: Callable[[], Any], cpu: list[float] | None = None) -> float:
+    """Wall time of ``fn()``; appends the process CPU time it used (all threads) to ``cpu``."""
+    c0, t0 = time.process_time(), time.perf_counter()
     fn()
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    if cpu is not None:
+        cpu.append(time.process_time() - c0)
+    return wall
 
 
 # --------------------------------------------------------------------------- baseline
@@ -164,6 +168,8 @@ class _Size:
         self.n = max(16, args.total_mib // mib)
         self.values = [torch.empty(self.nbytes, dtype=torch.uint8).fill_(i % 251)
                        for i in range(self.n)]  # fmt: skip
+        self.values_aligned = [aligned_empty((self.nbytes,), torch.uint8).copy_(v)
+                               for v in self.values]  # fmt: skip
         self.outs_aligned = [aligned_empty((self.nbytes,), torch.uint8) for _ in range(self.n)]
         self.outs_plain = [torch.empty(self.nbytes, dtype=torch.uint8) for _ in range(self.n)]
         for o in (*self.outs_aligned, *self.outs_plain):
@@ -171,8 +177,10 @@ class _Size:
         self.pool = concurrent.futures.ThreadPoolExecutor(args.concurrency)
         self.bufs = _ThreadBuffers(self.nbytes + HEADER)
         self.samples: dict[str, list[float]] = {
-            k: [] for k in ("put_base", "put_disk", "get_base", "get_aligned", "get_plain")
+            k: []
+            for k in ("put_base", "put_disk", "put_aligned", "get_base", "get_aligned", "get_plain")
         }
+        self.cpu: dict[str, list[float]] = {k: [] for k in self.samples}
         self.cold_by = ""
         self.work = tempfile.mkdtemp(prefix="bench-disk-", dir=args.dir)
         self.base_dir = os.path.join(self.work, "raw")
@@ -194,16 +202,20 @@ class _Size:
         shutil.rmtree(self.work, ignore_errors=True)
 
     def repeat(self, r: int) -> None:
-        """One round: both puts (order alternates), then three cold reads (order rotates)."""
+        """One round: three puts, then three cold reads (orders rotate between rounds)."""
         args, b, loop = self.args, self.backend, self.loop
         keys = [
             CacheEngineKey("bench-disk", 1, 0, (r << 32) + i + 1, "uint8") for i in range(self.n)
         ]
+        keys2 = [CacheEngineKey("bench-disk", 1, 0, (r << 32) + (1 << 31) + i, "uint8")
+                 for i in range(self.n)]  # fmt: skip
         steps: list[tuple[str, Callable[[], Any]]] = [
             ("put_base", lambda: baseline_put(self.base_dir, self.n, self.nbytes, self.pool,
                                               self.bufs)),
             ("put_disk", lambda: loop.run_until_complete(
                 backend_put(b, keys, self.values, args.batch))),
+            ("put_aligned", lambda: loop.run_until_complete(
+                backend_put(b, keys2, self.values_aligned, args.batch))),
         ]  # fmt: skip
         gets: list[tuple[str, Callable[[], Any]]] = [
             ("get_base", lambda: baseline_get(self.base_dir, self.n, self.nbytes, self.pool,
@@ -213,19 +225,18 @@ class _Size:
             ("get_plain", lambda: loop.run_until_complete(
                 backend_get(b, keys, self.outs_plain, args.batch))),
         ]  # fmt: skip
-        if r % 2:
-            steps.reverse()
+        steps = steps[r % 3 :] + steps[: r % 3]
         gets = gets[r % 3 :] + gets[: r % 3]
         for name, fn in steps:
             os.sync()
-            self.samples[name].append(_timed(fn))
+            self.samples[name].append(_timed(fn, self.cpu[name]))
         for name, fn in gets:
             self.cold_by = drop_caches([self.work])
-            self.samples[name].append(_timed(fn))
+            self.samples[name].append(_timed(fn, self.cpu[name]))
         for i in (0, self.n - 1):  # what was read back is what was written
             assert torch.equal(self.outs_plain[i], self.values[i])
             assert torch.equal(self.outs_aligned[i], self.values[i])
-        loop.run_until_complete(_remove_all(b, keys))
+        loop.run_until_complete(_remove_all(b, keys + keys2))
         shutil.rmtree(self.base_dir, ignore_errors=True)
 
     def report(self) -> dict[str, float]:
@@ -235,19 +246,25 @@ class _Size:
         # ratios of the pairs measured back to back: robust to slow phases of the machine
         pr = {
             k: statistics.median(b / d for b, d in zip(s[base], s[k], strict=True))
-            for k, base in (("put_disk", "put_base"), ("get_aligned", "get_base"),
-                            ("get_plain", "get_base"))
+            for k, base in (("put_disk", "put_base"), ("put_aligned", "put_base"),
+                            ("get_aligned", "get_base"), ("get_plain", "get_base"))
         }  # fmt: skip
         print(f"\n{self.nbytes // MiB} MiB chunks x {self.n}, median of {self.args.repeats}, "
               f"cold reads by {self.cold_by}, direct_io={self.backend.direct_io}, "
               f"batch={self.args.batch}, io_nice={self.args.io_nice}, disk concurrency="
               f"{self.backend.opts.concurrency}, baseline {self.args.concurrency} in flight")  # fmt: skip
-        print(f"  put  baseline {g['put_base']:5.2f} GB/s | disk {g['put_disk']:5.2f} GB/s "
-              f"= {g['put_disk'] / g['put_base']:.2f}x (paired {pr['put_disk']:.2f}x)")  # fmt: skip
+        print(f"  put  baseline {g['put_base']:5.2f} GB/s | disk, plain values "
+              f"{g['put_disk']:5.2f} GB/s = {g['put_disk'] / g['put_base']:.2f}x (paired "
+              f"{pr['put_disk']:.2f}x) | disk, aligned values {g['put_aligned']:5.2f} GB/s = "
+              f"{g['put_aligned'] / g['put_base']:.2f}x (paired {pr['put_aligned']:.2f}x)")  # fmt: skip
         print(f"  get  baseline {g['get_base']:5.2f} GB/s | disk, aligned out "
               f"{g['get_aligned']:5.2f} GB/s = {g['get_aligned'] / g['get_base']:.2f}x "
               f"(paired {pr['get_aligned']:.2f}x) | disk, plain out {g['get_plain']:5.2f} GB/s "
               f"= {g['get_plain'] / g['get_base']:.2f}x (paired {pr['get_plain']:.2f}x)")  # fmt: skip
+        gib = total / 2**30
+        cpu = {k: statistics.median(v) / gib for k, v in self.cpu.items()}
+        print("  CPU seconds per GiB (all threads): " + ", ".join(
+            f"{k} {v:.2f}" for k, v in cpu.items()))  # fmt: skip
         return {**g, **{f"ratio_{k}": v for k, v in pr.items()}}
 
 

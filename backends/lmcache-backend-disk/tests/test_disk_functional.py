@@ -186,16 +186,19 @@ def test_io_paths_round_trip(tmp_path: Path, direct_io: str) -> None:
             assert b.direct_io is (direct_io == "true")
             keys = [_key(i) for i in range(len(sizes))]
             vals = [random_tensor((n,), torch.uint8, seed=n) for n in sizes]
-            assert all(await b.batched_put(keys, vals))
-            for k, v in zip(keys, vals, strict=True):
-                aligned = aligned_empty(v.shape, v.dtype)
-                assert aligned.data_ptr() % 4096 == 0
-                plain = torch.empty(v.numel() + 1, dtype=torch.uint8)[1:]  # surely unaligned
-                for out in (aligned, plain):
-                    out.fill_(0) if out.numel() else None
-                    assert await b.get_into(k, out)
-                    assert same_bits(out, v)
-                assert same_bits(await b.get(k), v)
+            for parity in (0, 1):  # half the values from aligned memory, then the other half
+                sources = [aligned_empty(v.shape, v.dtype).copy_(v) if i % 2 == parity else v
+                           for i, v in enumerate(vals)]  # fmt: skip
+                assert all(await b.batched_put(keys, sources))
+                for k, v in zip(keys, vals, strict=True):
+                    aligned = aligned_empty(v.shape, v.dtype)
+                    assert aligned.data_ptr() % 4096 == 0
+                    plain = torch.empty(v.numel() + 1, dtype=torch.uint8)[1:]  # surely unaligned
+                    for out in (aligned, plain):
+                        out.fill_(0) if out.numel() else None
+                        assert await b.get_into(k, out)
+                        assert same_bits(out, v)
+                    assert same_bits(await b.get(k), v)
             outs = [aligned_empty(v.shape, v.dtype) for v in vals]
             assert await b.batched_get_into(keys, outs) == [True] * len(keys)
             assert all(same_bits(o, v) for o, v in zip(outs, vals, strict=True))
