@@ -31,8 +31,11 @@ def disk_objects(root: str) -> list[str]:
     return sorted(out)
 
 
-def wait_disk_stable(root: str, quiet_s: float = 0.6, timeout_s: float = 15.0) -> list[str]:
-    """Wait until background writes to the disk tier have settled; return its objects."""
+def wait_disk_stable(
+    root: str, at_least: int = 0, quiet_s: float = 0.6, timeout_s: float = 20.0
+) -> list[str]:
+    """Wait until the disk tier holds ``at_least`` objects and background writes have
+    settled; return its objects."""
     deadline = time.monotonic() + timeout_s
     last = disk_objects(root)
     since = time.monotonic()
@@ -41,9 +44,13 @@ def wait_disk_stable(root: str, quiet_s: float = 0.6, timeout_s: float = 15.0) -
         now = disk_objects(root)
         if now != last:
             last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
+        elif len(now) >= at_least and time.monotonic() - since >= quiet_s:
             break
     return last
+
+
+def _saved_chunks(stats: list[dict[str, Any]]) -> int:
+    return sum(int(d.get("saved_chunks", 0)) for d in stats if d.get("role") == "worker")
 
 
 def _stats(stats_dir: str | None) -> list[dict[str, Any]]:
@@ -106,6 +113,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     stats_dir = spec.get("stats_dir")
     disk_dir = spec.get("disk_dir")
     known = disk_objects(disk_dir) if disk_dir else []
+    saved = 0
     for step in spec["steps"]:
         op, name = step["op"], step["name"]
         sp = SamplingParams(
@@ -128,11 +136,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         else:
             raise ValueError(f"unknown op {op!r}")
         rec["seconds"] = time.monotonic() - t1
+        rec["stats"] = _stats(stats_dir)
         if disk_dir and op == "generate":
-            now = wait_disk_stable(disk_dir)
+            # Write-through to disk runs in the background: wait for this step's chunks.
+            now_saved = _saved_chunks(rec["stats"])
+            now = wait_disk_stable(disk_dir, at_least=len(known) + now_saved - saved)
+            saved = now_saved
             rec["new_disk_objects"] = sorted(set(now) - set(known))
             known = now
-        rec["stats"] = _stats(stats_dir)
         results["steps"][name] = rec
     return results
 

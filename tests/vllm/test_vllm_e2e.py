@@ -226,11 +226,14 @@ def test_cold_vs_warm_identical_with_expected_hits(e1: EngineRun) -> None:
     assert w["failed_chunks"] == 0
 
 
-def test_short_prompt_is_neither_looked_up_nor_saved(e1: EngineRun) -> None:
-    s = e1.scheduler("warm")
+def test_prompt_shorter_than_a_chunk_never_hits(e1: EngineRun) -> None:
     # SHORT (40 tokens) has no full chunk: nothing to save or load for it.
+    assert e1.outputs("cold")[2]["num_cached_tokens"] == 0
     assert e1.outputs("warm")[2]["num_cached_tokens"] == 0
-    assert s["unkeyable"] == 0
+    _same(e1.outputs("cold")[2], e1.outputs("warm")[2])
+    # The cold batch stored the full chunks of LONG, MID and ONE only (4 + 3 + 1).
+    assert e1.worker("cold")["saved_chunks"] == 8
+    assert e1.scheduler("warm")["unkeyable"] == 0
 
 
 def test_cache_salt_separates_tenants(e1: EngineRun) -> None:
