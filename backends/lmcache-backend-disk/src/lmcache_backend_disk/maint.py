@@ -11,40 +11,21 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
 
 from lmcache_core.maintenance import EntryInfo, ProgressCallback
 
 from . import layout
-
-if TYPE_CHECKING:
-    from .index import SharedIndex
-    from .objects import ObjectIO
-    from .options import DiskOptions
+from .state import DiskState
 
 __all__ = ["DiskMaintenance"]
 
 T = TypeVar("T")
 
 
-class DiskMaintenance:
+class DiskMaintenance(DiskState):
     """Scan / verify / delete / reconcile for the disk backend (a mixin)."""
-
-    if TYPE_CHECKING:
-        root: str
-        opts: DiskOptions
-        owner: str
-
-        @property
-        def index(self) -> SharedIndex: ...
-        @property
-        def io(self) -> ObjectIO: ...
-        def _check(self) -> None: ...
-        async def _call(self, fn: Callable[..., T], *args: Any) -> T: ...
-        def _remove_rel_sync(self, rel: str) -> bool: ...
-        def _reap_sync(self) -> int: ...
-        def _temp_is_stale(self, f: layout.TempFile, stale_before: float) -> bool: ...
 
     # ------------------------------------------------------------------ scan
     async def scan(
