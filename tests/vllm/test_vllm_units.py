@@ -365,3 +365,16 @@ def test_keys_from_vllm_block_hashes() -> None:
     assert not set(salted) & set(plain)  # vLLM's hashes carry the salt
     refused = keyer.keys(_request(toks))  # no block hasher: vLLM computed no hashes
     assert refused.hashes == () and "block hashes" in (refused.reason or "")
+
+
+def test_a_failing_shared_tier_lookup_is_a_miss() -> None:
+    sched = _scheduler()
+
+    class Broken:
+        def lookup(self, keys: Any) -> Any:
+            raise TimeoutError("tier hung")
+
+    sched.view = Broken()
+    req = _request(list(range(4, 4 + 300)))
+    assert sched.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert sched.stats()["lookup_errors"] == 1

@@ -83,6 +83,7 @@ class _Counters:
     loads_planned: int = 0
     saves_planned: int = 0
     load_failures: int = 0
+    lookup_errors: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -110,7 +111,9 @@ class SchedulerSide:
             vllm_block_hashes=ctx.use_vllm_hashes,
         )
         self._dbs = [ctx.db.for_worker(r, ctx.world_size) for r in range(ctx.world_size)]
-        self.view = Storage.lookup_view(ctx.storage_config, ctx.namespace)
+        self.view = Storage.lookup_view(
+            ctx.storage_config, ctx.namespace, timeout_s=ctx.settings.options.io_timeout_s
+        )
         log.info(
             "LMCacheCoreConnector scheduler side: pid=%d world_size=%d chunk_size=%d "
             "namespace=%s model=%s@%s layout=%s lookup_view=%s",
@@ -142,19 +145,46 @@ class SchedulerSide:
                     j += 1
                 if j >= best:
                     break
-                found = self.view.lookup([db.make_key(h) for h in hashes[j:best]]).num_hit
+                found = self._view_lookup([db.make_key(h) for h in hashes[j:best]])
                 if found == 0:
                     best = j
                     break
                 j += found
         return best
 
+    def _view_lookup(self, keys: list[Any]) -> int:
+        """Leading ``keys`` in the shared tiers; a failing lookup finds nothing."""
+        assert self.view is not None
+        try:
+            return self.view.lookup(keys).num_hit
+        except Exception as exc:
+            self.counters.lookup_errors += 1
+            n = self.counters.lookup_errors
+            if n == 1 or n % 1000 == 0:
+                log.warning(
+                    "LMCacheCoreConnector: shared-tier lookup failed (%d so far): %s", n, exc
+                )
+            return 0
+
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int, bool]:
-        """Tokens beyond ``num_computed_tokens`` that can be loaded (never the last one)."""
+        """Tokens beyond ``num_computed_tokens`` that can be loaded (never the last one).
+
+        Any error here is logged and answers 0: a miss is always safe.
+        """
         if self.disabled or self.keyer is None:
             return 0, False
+        try:
+            return self._matched_tokens(request, num_computed_tokens)
+        except Exception:
+            log.exception(
+                "LMCacheCoreConnector: lookup of %s failed; computing it", request.request_id
+            )
+            return 0, False
+
+    def _matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        assert self.keyer is not None
         req_id = request.request_id
         st = self.reqs.get(req_id)
         if st is None:
@@ -313,6 +343,7 @@ class SchedulerSide:
             "loads_planned": c.loads_planned,
             "saves_planned": c.saves_planned,
             "load_failures": c.load_failures,
+            "lookup_errors": c.lookup_errors,
             "active_requests": len(self.reqs),
             "index_chunks": len(self.index),
         }

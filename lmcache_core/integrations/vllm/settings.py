@@ -62,6 +62,11 @@ class ConnectorOptions:
     max_staging_bytes: int = option(
         "256MiB", kind="bytes", minimum=1, doc="Bound on the reused staging buffers of a worker."
     )
+    io_timeout_s: float = option(
+        120.0,
+        minimum=0.001,
+        doc="Longest a lookup, load or store may block vLLM; past it the chunks count as misses.",
+    )
     index_max_chunks: int = option(
         1_000_000,
         minimum=1,

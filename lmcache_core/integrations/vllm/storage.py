@@ -52,7 +52,12 @@ class Storage:
     """A started hierarchy plus the blocking calls the connector needs."""
 
     def __init__(
-        self, config: CacheConfig, namespace: Namespace, *, shared_only: bool = False
+        self,
+        config: CacheConfig,
+        namespace: Namespace,
+        *,
+        shared_only: bool = False,
+        timeout_s: float | None = None,
     ) -> None:
         if shared_only:
             tiers = [
@@ -70,31 +75,35 @@ class Storage:
         self.tier_names = tuple(t.name for t in config.tiers)
         self.hierarchy = TieredHierarchy(config, namespace=namespace, name="vllm-connector")
         backend: Any = self.hierarchy
-        self.sync = SyncBackend(backend)
+        self.sync = SyncBackend(backend, timeout=timeout_s)
         self.sync.start()
         _close_before_thread_pools_stop(self)
 
     @classmethod
-    def lookup_view(cls, config: CacheConfig, namespace: Namespace) -> Storage | None:
+    def lookup_view(
+        cls, config: CacheConfig, namespace: Namespace, timeout_s: float | None = None
+    ) -> Storage | None:
         """The shared tiers of ``config`` for scheduler-side lookups, or ``None`` if none."""
         if not any(
             getattr(t.backend_cls, "capabilities", None) and t.backend_cls.capabilities.shared
             for t in config.tiers
         ):
             return None
-        return cls(config, namespace, shared_only=True)
+        return cls(config, namespace, shared_only=True, timeout_s=timeout_s)
 
     def lookup(self, keys: Sequence[CacheEngineKey], lease_s: float | None = None) -> Lookup:
         """How many leading ``keys`` some tier holds (pinned for ``lease_s`` when given)."""
         if not keys:
             return Lookup(0, ())
-        res = self.sync.io.run(self.hierarchy.lookup_prefix(keys, lease_s=lease_s))
+        res = self.sync.io.run(
+            self.hierarchy.lookup_prefix(keys, lease_s=lease_s), self.sync.timeout
+        )
         return Lookup(res.num_hit, tuple(res.tier_of(i) for i in range(res.num_hit)))
 
     def release(self, keys: Sequence[CacheEngineKey]) -> None:
         """End the leases :meth:`lookup` took on ``keys``."""
         if keys:
-            self.sync.io.run(self.hierarchy.release(keys))
+            self.sync.io.run(self.hierarchy.release(keys), self.sync.timeout)
 
     def get_into(self, keys: Sequence[CacheEngineKey], outs: Sequence[Any]) -> list[bool]:
         """Load each key into its buffer; ``False`` for a miss (never raises for a miss)."""

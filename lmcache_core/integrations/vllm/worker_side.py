@@ -123,7 +123,9 @@ class WorkerSide:
         self.db = ctx.db.for_worker(self.rank, ctx.world_size)
         chunk_bytes = self.copier.block_nbytes * ctx.blocks_per_chunk
         self._max_staging = max(1, ctx.settings.options.max_staging_bytes // chunk_bytes)
-        self.storage = Storage(ctx.storage_config, ctx.namespace)
+        self.storage = Storage(
+            ctx.storage_config, ctx.namespace, timeout_s=ctx.settings.options.io_timeout_s
+        )
         log.info(
             "LMCacheCoreConnector worker side: pid=%d rank=%d/%d layers=%d chunk=%s %s "
             "(%.1f KiB) tiers=%s",
