@@ -112,12 +112,12 @@ class CacheEngineKey(tuple):  # type: ignore[type-arg]
     big-endian). ``tags`` is a mapping or an iterable of ``(name, value)`` string pairs;
     it is stored sorted by name.
 
-    Implementation note: a key is a tuple subclass ``(base, chunk_hash, request_configs)``
-    because that is the cheapest immutable object CPython builds (the token database
-    makes one per chunk on the hot path); treat it as opaque and use the properties.
+    Implementation note: a key is a tuple subclass ``(base, chunk_hash)``: the cheapest
+    immutable object CPython builds (the token database makes one per chunk on the hot
+    path), hashed and compared by the tuple's own C code (keys are dict keys everywhere).
+    ``request_configs``, when given, lives in the instance ``__dict__`` and so takes no
+    part in identity. Treat keys as opaque and use the properties.
     """
-
-    __slots__ = ()
 
     def __new__(
         cls,
@@ -150,7 +150,10 @@ class CacheEngineKey(tuple):  # type: ignore[type-arg]
         if not 0 <= chunk_hash < _MAX_HASH:
             raise KeyFormatError("chunk_hash must be in [0, 2**256)")
         base = (model_name, world_size, worker_id, dtype, _normalize_tags(tags))
-        return _tuple_new(cls, (base, chunk_hash, request_configs))
+        key: CacheEngineKey = _tuple_new(cls, (base, chunk_hash))
+        if request_configs is not None:
+            object.__setattr__(key, "_request_configs", request_configs)
+        return key
 
     # -- fast construction (token database hot path) -------------------------------
     @classmethod
@@ -161,7 +164,10 @@ class CacheEngineKey(tuple):  # type: ignore[type-arg]
         request_configs: Mapping[str, Any] | None = None,
     ) -> CacheEngineKey:
         """Build a key from an already validated base tuple, skipping validation."""
-        return _tuple_new(cls, (base, chunk_hash, request_configs))
+        key: CacheEngineKey = _tuple_new(cls, (base, chunk_hash))
+        if request_configs is not None:
+            object.__setattr__(key, "_request_configs", request_configs)
+        return key
 
     # -- fields ---------------------------------------------------------------------
     @property
@@ -194,7 +200,7 @@ class CacheEngineKey(tuple):  # type: ignore[type-arg]
 
     @property
     def request_configs(self) -> Mapping[str, Any] | None:
-        return tuple.__getitem__(self, 2)  # type: ignore[no-any-return]
+        return self.__dict__.get("_request_configs")
 
     @property
     def chunk_hash_hex(self) -> str:
@@ -202,20 +208,12 @@ class CacheEngineKey(tuple):  # type: ignore[type-arg]
         h = self.chunk_hash
         return f"{h:032x}" if h < (1 << 128) else f"{h:064x}"
 
-    # -- identity -------------------------------------------------------------------
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, CacheEngineKey):
-            return NotImplemented
-        get = tuple.__getitem__
-        return bool(get(self, 1) == get(other, 1) and get(self, 0) == get(other, 0))
+    # -- identity (==, hash: the tuple's own) ----------------------------------------
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("CacheEngineKey is immutable")
 
-    def __ne__(self, other: object) -> bool:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
-    def __hash__(self) -> int:
-        get = tuple.__getitem__
-        return hash((get(self, 0), get(self, 1)))
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("CacheEngineKey is immutable")
 
     def __repr__(self) -> str:
         return f"CacheEngineKey({self.to_string()!r})"

@@ -23,6 +23,7 @@ Python's ``hash()`` is never used, so keys are identical in every process whatev
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,6 +45,13 @@ ExtraKeys = Sequence[Any] | Callable[[int, int], Any] | None
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+@functools.lru_cache(maxsize=256)
+def _int32_packer(n: int) -> Callable[..., bytes]:
+    """``Struct("<{n}i").pack``: a compiled Struct packs a list of ints ~2x faster than
+    module-level ``struct.pack`` (which copies its argument tuple)."""
+    return struct.Struct(f"<{n}i").pack
 
 
 def _sha256(data: bytes) -> bytes:
@@ -218,7 +226,7 @@ class ChunkedTokenDatabase:
         """int32 little-endian bytes of ``tokens`` (list, tuple, numpy array or torch tensor)."""
         if isinstance(tokens, (list, tuple)):
             try:
-                return memoryview(struct.pack(f"<{len(tokens)}i", *tokens))
+                return memoryview(_int32_packer(len(tokens))(*tokens))
             except struct.error as exc:
                 raise ValueError(f"token ids must be ints in the int32 range: {exc}") from exc
         if isinstance(tokens, np.ndarray):
@@ -297,7 +305,7 @@ class ChunkedTokenDatabase:
                 p = xxh3_128_digest(p + data[off : off + fb], cs)
                 off += fb
                 if start + cs > skip:
-                    yield start, start + cs, new(cls, (base, frombytes(p, "big"), None))
+                    yield start, start + cs, new(cls, (base, frombytes(p, "big")))
         elif extra_keys is None:
             fb = self._full_bytes
             for i in range(n_full):
