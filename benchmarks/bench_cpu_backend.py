@@ -24,6 +24,7 @@ from lmcache_core import CPUBackend
 from lmcache_core.testing import make_key
 
 MiB = 1 << 20
+OPTS: dict[str, object] = {}
 
 
 async def measure(backend: CPUBackend, mb: int) -> None:
@@ -76,7 +77,7 @@ async def measure(backend: CPUBackend, mb: int) -> None:
 
 
 async def main() -> None:
-    backend = CPUBackend({"max_bytes": "512MiB"})
+    backend = CPUBackend({"max_bytes": "512MiB", **OPTS})
     await backend.start()
     print(
         "size     backend   torch 2x copy_   numpy 2x copyto   vs torch copy_  vs 1-thread memcpy"
@@ -87,4 +88,9 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    import json
+    import sys
+
+    if len(sys.argv) > 1:  # e.g. '{"inline_copy_bytes": "64MiB"}'
+        OPTS.update(json.loads(sys.argv[1]))
     asyncio.run(main())

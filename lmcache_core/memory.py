@@ -3,16 +3,19 @@
 torch's ``copy_`` splits large CPU copies across its OpenMP threads; on a busy machine
 (2 cores shared with vLLM's compute threads) one descheduled thread stalls the whole copy:
 a 4 MiB copy measured 12 ms with 2 threads under load against 0.2 ms single-threaded.
-Host-to-host copies here therefore use one ``memcpy`` through numpy (which also releases
+Host-to-host copies here therefore use one ``memmove`` (through ctypes, which releases
 the GIL); copies involving a device tensor still go through torch.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import ctypes
+
 import torch
 
 __all__ = ["as_bytes", "copy_into"]
+
+_memmove = ctypes.memmove
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -24,12 +27,21 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """Copy the bytes of ``src`` into ``dst`` (same byte size, both contiguous)."""
+    """Copy the bytes of ``src`` into ``dst`` (same byte size, both contiguous).
+
+    Host to host this is one ``memmove`` through ctypes, which releases the GIL and costs
+    ~1 µs of overhead (a numpy ``copyto`` on fresh views costs ~10 µs, several torch
+    view calls included).
+    """
     if dst.device.type == "cpu" and src.device.type == "cpu":
-        d, s = as_bytes(dst), as_bytes(src)
-        if d.numel() != s.numel():
-            raise ValueError(f"copy of {s.numel()} bytes into a {d.numel()}-byte buffer")
-        if d.numel():
-            np.copyto(d.numpy(), s.numpy())
+        n = dst.numel() * dst.element_size()
+        if n != src.numel() * src.element_size():
+            raise ValueError(
+                f"copy of {src.numel() * src.element_size()} bytes into a {n}-byte buffer"
+            )
+        if not (dst.is_contiguous() and src.is_contiguous()):
+            raise ValueError("copy_into needs contiguous tensors")
+        if n:
+            _memmove(dst.data_ptr(), src.data_ptr(), n)
         return
     as_bytes(dst).copy_(as_bytes(src), non_blocking=False)

@@ -58,7 +58,7 @@ class CPUOptions:
         choices=("auto", "true", "false"),
     )
     inline_copy_bytes: int = option(
-        "8MiB",
+        "32MiB",
         doc="Copies up to this size run on the event loop; larger ones in a thread.",
         kind="bytes",
     )
@@ -238,7 +238,7 @@ class CPUBackend(BaseBackend):
         self._reset_pending = False
 
     async def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        n = dst.numel()
+        n = dst.numel() * dst.element_size()
         if n > self.opts.inline_copy_bytes:
             await asyncio.to_thread(copy_into, dst, src)
             return
@@ -296,7 +296,7 @@ class CPUBackend(BaseBackend):
             entry.users += 1
         try:
             if entry.nbytes:
-                await self._copy(_flat_bytes(out), entry.buf)
+                await self._copy(out, entry.buf)
         finally:
             self._unuse(entry)
 
@@ -313,7 +313,7 @@ class CPUBackend(BaseBackend):
                 return False
             self._install(key, _Entry(buf, value.dtype, value.shape))
             return True
-        src = _flat_bytes(value.contiguous())
+        src = value.contiguous()
         old = self._entries.get(key)
         if (
             old is not None
