@@ -18,6 +18,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -131,6 +132,35 @@ def format_table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def rewrite_docs(
+    files: Sequence[str],
+    render: Callable[[str], str],
+    errors: tuple[type[Exception], ...] = (),
+) -> int:
+    """Replace each file's text with ``render(text)``; print what happened to each file.
+
+    A file that cannot be read or rendered (``OSError`` or one of ``errors``) is reported
+    on stderr and makes the result 1; the others are still processed.
+    """
+    caught: tuple[type[Exception], ...] = (OSError, *errors)
+    status = 0
+    for name in files:
+        path = Path(name)
+        try:
+            old = path.read_text(encoding="utf-8")
+            new = render(old)
+        except caught as exc:
+            print(f"{name}: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        if new != old:
+            path.write_text(new, encoding="utf-8")
+            print(f"{name}: updated")
+        else:
+            print(f"{name}: up to date")
+    return status
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from .cli import add_output_flags, print_json, wants_json
+from .cli import add_output_flags, print_json, rewrite_docs, wants_json
 from .config import CacheConfig, load_config, schema_markdown
 from .errors import ConfigError
 
@@ -143,19 +143,4 @@ def run_schema(args: argparse.Namespace) -> int:
     if not args.write_docs:
         print(schema_markdown(), end="")
         return 0
-    status = 0
-    for name in args.write_docs:
-        path = Path(name)
-        try:
-            old = path.read_text(encoding="utf-8")
-            new = render_schema_block(old)
-        except (OSError, ValueError) as exc:
-            print(f"{name}: {exc}", file=sys.stderr)
-            status = 1
-            continue
-        if new != old:
-            path.write_text(new, encoding="utf-8")
-            print(f"{name}: updated")
-        else:
-            print(f"{name}: up to date")
-    return status
+    return rewrite_docs(args.write_docs, render_schema_block, (ValueError,))

@@ -16,10 +16,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from pathlib import Path
 from typing import Any
 
-from .cli import add_output_flags, format_table, print_json, wants_json
+from .cli import add_output_flags, format_table, print_json, rewrite_docs, wants_json
 from .errors import UnknownBackendError
 from .plugins.backend_options import (
     describe_backend_options,
@@ -196,22 +195,9 @@ def _print_backends_table(report: dict[str, Any]) -> None:
 
 def write_docs(reg: BackendRegistry, files: list[str]) -> int:
     """Regenerate the embedded option tables of ``files``; 1 if a backend is unknown."""
-    status = 0
-    for name in files:
-        path = Path(name)
-        text = path.read_text(encoding="utf-8")
-        try:
-            new = render_options_blocks(text, reg.get)
-        except UnknownBackendError as exc:
-            print(f"lmcache-core: {path}: {exc}", file=sys.stderr)
-            status = 1
-            continue
-        if new != text:
-            path.write_text(new, encoding="utf-8")
-            print(f"updated {path}")
-        else:
-            print(f"unchanged {path}")
-    return status
+    return rewrite_docs(
+        files, lambda text: render_options_blocks(text, reg.get), (UnknownBackendError,)
+    )
 
 
 def run_backends(args: argparse.Namespace) -> int:
