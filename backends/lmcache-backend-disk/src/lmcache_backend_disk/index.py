@@ -222,13 +222,6 @@ class SharedIndex:
             con.execute("BEGIN IMMEDIATE")
             try:
                 yield IndexTx(con)
-            except BaseException:
-                try:
-                    con.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-                raise
-            try:
                 con.execute("COMMIT")
             except BaseException:
                 try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import fcntl
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -258,6 +259,20 @@ class ObjectIO:
         Raises :class:`~lmcache_core.errors.BufferMismatchError` when the stored object is
         valid but ``out`` cannot receive it.
         """
+
+        def body(fd: int, size: int) -> tuple[torch.Tensor, fmt.ObjectHeader | None]:
+            self._read_into(fd, size, key, ns_json, out)
+            return out, None
+
+        return self._read_verified(path, body)
+
+    def _read_verified(
+        self,
+        path: str,
+        body: Callable[[int, int], tuple[torch.Tensor, fmt.ObjectHeader | None]],
+    ) -> ReadResult:
+        """Open ``path`` shared-locked and run ``body(fd, size)``, which reads and verifies
+        the object: a ``FormatError`` from it is a BAD result, its tensor a HIT."""
         fd, early = self._open(path)
         if fd is None:
             assert early is not None
@@ -266,10 +281,12 @@ class ObjectIO:
             st = os.fstat(fd)
             inode = (st.st_dev, st.st_ino)
             try:
-                self._read_into(fd, st.st_size, key, ns_json, out)
+                out, header = body(fd, st.st_size)
             except FormatError as exc:
                 return ReadResult(ReadOutcome.BAD, reason=str(exc), inode=inode, size=st.st_size)
-            return ReadResult(ReadOutcome.HIT, tensor=out, inode=inode, size=st.st_size)
+            return ReadResult(
+                ReadOutcome.HIT, tensor=out, inode=inode, size=st.st_size, header=header
+            )
         finally:
             os.close(fd)
 
@@ -300,31 +317,21 @@ class ObjectIO:
     def read_new(self, path: str, key: str | None, ns_json: str | None) -> ReadResult:
         """Read the object at ``path`` into a new tensor and verify it. ``key``/``ns_json``
         ``None`` skip the identity check (maintenance reads check the location instead)."""
-        fd, early = self._open(path)
-        if fd is None:
-            assert early is not None
-            return early
-        try:
-            st = os.fstat(fd)
-            inode = (st.st_dev, st.st_ino)
-            try:
-                raw = self._read_head(fd, st.st_size)
-                header = self._check_header(raw, st.st_size, key, ns_json)
-                out = (
-                    aligned_empty(header.shape, header.dtype)
-                    if self.direct
-                    else (torch.empty(header.shape, dtype=header.dtype))
-                )
-                dst = _u8(out)
-                self._read_body(fd, header.data_offset, st.st_size, dst, with_head=False)
-                fmt.verify_data(header, dst)
-            except FormatError as exc:
-                return ReadResult(ReadOutcome.BAD, reason=str(exc), inode=inode, size=st.st_size)
-            return ReadResult(
-                ReadOutcome.HIT, tensor=out, inode=inode, size=st.st_size, header=header
+
+        def body(fd: int, size: int) -> tuple[torch.Tensor, fmt.ObjectHeader | None]:
+            raw = self._read_head(fd, size)
+            header = self._check_header(raw, size, key, ns_json)
+            out = (
+                aligned_empty(header.shape, header.dtype)
+                if self.direct
+                else torch.empty(header.shape, dtype=header.dtype)
             )
-        finally:
-            os.close(fd)
+            dst = _u8(out)
+            self._read_body(fd, header.data_offset, size, dst, with_head=False)
+            fmt.verify_data(header, dst)
+            return out, header
+
+        return self._read_verified(path, body)
 
     def verify(self, path: str, rel: str) -> str | None:
         """Fully check the object at ``path`` (which must live at ``rel``); ``None`` when
