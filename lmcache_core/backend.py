@@ -27,7 +27,6 @@ checks them):
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -387,8 +386,3 @@ def _check_out(out: object) -> None:
         raise TypeError(f"expected a torch.Tensor output buffer, got {type(out).__name__}")
     if not out.is_contiguous():
         raise BufferMismatchError("output buffer must be contiguous")
-
-
-def monotonic_ms() -> float:
-    """Milliseconds on the monotonic clock (for latencies)."""
-    return time.monotonic() * 1000.0

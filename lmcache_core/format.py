@@ -30,7 +30,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from xxhash import xxh3_128_hexdigest
 
@@ -343,13 +342,3 @@ def decode(
     dst[:] = view[header.data_offset : header.total_size]
     verify_data(header, dst)
     return header, out
-
-
-def empty_like_header(header: ObjectHeader) -> torch.Tensor:
-    """A new tensor able to receive the object's data."""
-    return torch.empty(header.shape, dtype=header.dtype)
-
-
-def as_numpy_bytes(tensor: torch.Tensor) -> np.ndarray:
-    """The tensor's bytes as a flat uint8 numpy array (zero copy)."""
-    return np.frombuffer(tensor_bytes(tensor), dtype=np.uint8)

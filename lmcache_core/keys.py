@@ -221,9 +221,6 @@ class CacheEngineKey(tuple):  # type: ignore[type-arg]
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_key, (self._base, self.chunk_hash, self.request_configs))
 
-    def __getnewargs__(self) -> tuple[Any, ...]:  # pragma: no cover - __reduce__ wins
-        return ()
-
     def with_request_configs(self, request_configs: Mapping[str, Any] | None) -> CacheEngineKey:
         """The same key carrying other ``request_configs``."""
         return CacheEngineKey._make(self._base, self.chunk_hash, request_configs)

@@ -295,6 +295,15 @@ class ChunkedTokenDatabase:
         p = self._h0
         n_full = n // cs
         stop = n if unfull else n_full * cs
+
+        def body(i: int, start: int, end: int) -> Any:
+            """The bytes chunk ``i`` contributes: its tokens, then its extra keys."""
+            raw = data[start * 4 : end * 4]
+            if extra_keys is None:
+                return raw
+            extra = extra_keys(start, end) if callable(extra_keys) else extra_keys[i]
+            return bytes(raw) + encode_extra_keys(extra)
+
         if extra_keys is None and self._fast:
             # The hot path: no Python-level calls per chunk besides the hash.
             fb = self._full_bytes
@@ -306,27 +315,15 @@ class ChunkedTokenDatabase:
                 off += fb
                 if start + cs > skip:
                     yield start, start + cs, new(cls, (base, frombytes(p, "big")))
-        elif extra_keys is None:
-            fb = self._full_bytes
-            for i in range(n_full):
-                p = link(p, cs, data[i * fb : (i + 1) * fb])
-                end = (i + 1) * cs
-                if end > skip:
-                    yield i * cs, end, make(base, frombytes(p, "big"))
         else:
             for i, start in enumerate(range(0, n_full * cs, cs)):
                 end = start + cs
-                extra = extra_keys(start, end) if callable(extra_keys) else extra_keys[i]
-                p = link(p, cs, bytes(data[start * 4 : end * 4]) + encode_extra_keys(extra))
+                p = link(p, cs, body(i, start, end))
                 if end > skip:
                     yield start, end, make(base, frombytes(p, "big"))
         if stop > n_full * cs:
             start = n_full * cs
-            extra_b = b""
-            if extra_keys is not None:
-                extra = extra_keys(start, n) if callable(extra_keys) else extra_keys[n_full]
-                extra_b = encode_extra_keys(extra)
-            p = link(p, n - start, bytes(data[start * 4 : n * 4]) + extra_b)
+            p = link(p, n - start, body(n_full, start, n))
             if n > skip:
                 yield start, n, make(base, frombytes(p, "big"))
 

@@ -309,7 +309,7 @@ class CPUBackend(BaseBackend):
             return False
         if donate and value.is_contiguous() and (value.is_pinned() or not self._pin):
             buf = _flat_bytes(value)
-            if not self._make_room(nbytes, exclude=key):
+            if not self._make_room(nbytes):
                 return False
             self._install(key, _Entry(buf, value.dtype, value.shape))
             return True
@@ -353,7 +353,7 @@ class CPUBackend(BaseBackend):
             self._install(key, _Entry(buf, value.dtype, value.shape))
         return True
 
-    def _make_room(self, nbytes: int, exclude: CacheEngineKey) -> bool:
+    def _make_room(self, nbytes: int) -> bool:
         with self._lock:
             return self._make_room_locked(nbytes)
 
