@@ -320,7 +320,9 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, BaseBackend):
         if res.outcome is ReadOutcome.HIT:
             self._touch(rel)
             return True
-        if res.outcome is ReadOutcome.BUSY:
+        if res.outcome is ReadOutcome.MISSING:
+            self._forget_missing_sync(rel)
+        elif res.outcome is ReadOutcome.BUSY:
             self.counters.busy_misses += 1
         elif res.outcome is ReadOutcome.BAD:
             self.counters.bad_objects += 1
@@ -329,6 +331,24 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, BaseBackend):
             )
             self._remove_bad_sync(rel, res.inode)
         return False
+
+    def _forget_missing_sync(self, rel: str) -> None:
+        """Drop the index row of an object whose file is gone.
+
+        A process killed while evicting (file unlinked, index transaction not committed)
+        leaves such a row; it would count against ``max_bytes`` forever. Plain misses
+        cost one read-only lookup; only a stale row takes the write lock."""
+        try:
+            with self.index.snapshot() as tx:
+                if tx.entry_size(rel) is None:
+                    return
+            with self.index.transaction() as tx:
+                if not os.path.lexists(self._abs(rel)) and tx.delete_entry(rel):
+                    self.counters.stale_rows_removed += 1
+                self._totals = tx.totals()
+        except sqlite3.Error as exc:
+            self.counters.index_errors += 1
+            log.warning("disk tier %s: could not drop the row of %s: %s", self.root, rel, exc)
 
     def _remove_bad_sync(self, rel: str, inode: tuple[int, int] | None) -> None:
         """Remove ``rel`` if it is still the very file found bad (not a fresh replacement)."""
@@ -411,6 +431,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, BaseBackend):
             "evicted_bytes": c.evicted_bytes,
             "bad_objects": c.bad_objects,
             "bad_removed": c.bad_removed,
+            "stale_rows_removed": c.stale_rows_removed,
             "busy_misses": c.busy_misses,
             "store_failures": c.store_failures,
             "full_rejections": c.full_rejections,

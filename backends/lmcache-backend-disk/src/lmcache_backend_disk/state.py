@@ -33,6 +33,7 @@ class Counters:
     def __init__(self) -> None:
         self.bad_objects = 0  # truncated / corrupted / foreign objects met on read
         self.bad_removed = 0
+        self.stale_rows_removed = 0
         self.busy_misses = 0  # read while being evicted
         self.evictions = 0
         self.evicted_bytes = 0
