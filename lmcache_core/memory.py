@@ -2,7 +2,9 @@
 
 torch's ``copy_`` splits large CPU copies across its OpenMP threads; on a busy machine
 (2 cores shared with vLLM's compute threads) one descheduled thread stalls the whole copy:
-a 4 MiB copy measured 12 ms with 2 threads under load against 0.2 ms single-threaded.
+a 4 MiB copy was seen taking 12 ms with 2 threads under heavy load against 0.2 ms
+single-threaded (one uncommitted observation; ``benchmarks/bench_copy.py`` otherwise
+shows ``copy_`` ~1.8x faster, so this choice is to be re-measured inside a vLLM worker).
 Host-to-host copies here therefore use one ``memmove`` (through ctypes, which releases
 the GIL); copies involving a device tensor still go through torch.
 """
@@ -30,8 +32,7 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     """Copy the bytes of ``src`` into ``dst`` (same byte size, both contiguous).
 
     Host to host this is one ``memmove`` through ctypes, which releases the GIL and costs
-    ~1 µs of overhead (a numpy ``copyto`` on fresh views costs ~10 µs, several torch
-    view calls included).
+    a few µs of overhead per call (``benchmarks/bench_copy.py``).
     """
     if dst.device.type == "cpu" and src.device.type == "cpu":
         n = dst.numel() * dst.element_size()
