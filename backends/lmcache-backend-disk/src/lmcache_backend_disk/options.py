@@ -70,6 +70,13 @@ class DiskOptions:
         "them at once).",
     )
 
+    staging_bytes: int = option(
+        "256MiB",
+        kind="bytes",
+        minimum=0,
+        doc="Idle O_DIRECT staging buffers kept for reuse (each I/O in flight holds one); "
+        "a buffer unused for 5 s is released, so an idle backend holds none.",
+    )
     pin_seconds: float = option(
         300.0,
         minimum=0.001,
