@@ -106,6 +106,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         self._heal_timer: threading.Timer | None = None
         self._closing = False
         self._last_audit = time.monotonic()
+        self._last_owner_check = time.monotonic()
         self.counters = Counters()
 
     # ================================================================== plumbing

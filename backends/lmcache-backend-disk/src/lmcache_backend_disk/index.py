@@ -63,6 +63,8 @@ log = logging.getLogger("lmcache_core.disk")
 
 #: Largest size accepted for one object (and one reservation) read from the index.
 MAX_SIZE = 1 << 48
+#: Longest pin lifetime honoured (a pin row claiming more is ignored).
+MAX_PIN_S = 86400.0
 #: Largest value accepted for the totals.
 MAX_TOTAL = 1 << 62
 _HEX16 = "[0-9a-f]" * 16
@@ -155,9 +157,15 @@ class IndexTx:
     Everything read is validated: rows that fail are left out (and, in a write
     transaction, deleted, with the totals recomputed)."""
 
-    def __init__(self, con: sqlite3.Connection, writable: bool) -> None:
+    def __init__(
+        self,
+        con: sqlite3.Connection,
+        writable: bool,
+        file_size: Callable[[str], int | None] | None = None,
+    ) -> None:
         self._con = con
         self.writable = writable
+        self._file_size = file_size
         #: Rows dropped by validation in this transaction.
         self.dropped = 0
 
@@ -185,8 +193,9 @@ class IndexTx:
         from the rows; returns them."""
         con = self._con
         if self.writable:
-            n = con.execute(f"DELETE FROM entries WHERE {_BAD_SIZE}").rowcount
-            n += con.execute(f"DELETE FROM pending WHERE {_BAD_SIZE} OR {_BAD_OWNER}").rowcount
+            bad = con.execute(f"SELECT path FROM entries WHERE {_BAD_SIZE}").fetchall()
+            self._repair_sizes([p for (p,) in bad])
+            n = con.execute(f"DELETE FROM pending WHERE {_BAD_SIZE} OR {_BAD_OWNER}").rowcount
             n += con.execute(f"DELETE FROM pins WHERE {_BAD_OWNER}").rowcount
             self.dropped += n
         where = "" if self.writable else f" WHERE NOT ({_BAD_SIZE})"
@@ -200,9 +209,35 @@ class IndexTx:
                         (used, entries))  # fmt: skip
         return used, entries
 
+    def audit_schema(self) -> bool:
+        """Drop triggers that are not exactly ours (a planted trigger could falsify the
+        totals) and create what is missing; a table or index that differs from ours is
+        :class:`IndexDamaged`. ``True`` when a trigger was dropped."""
+        dropped = False
+        con = self._con
+        for typ, name, tbl, sql in con.execute(
+            "SELECT type, name, tbl_name, sql FROM sqlite_master"
+        ).fetchall():
+            if not isinstance(name, str) or name.startswith("sqlite_"):
+                continue
+            want = _EXPECTED.get(name)
+            if typ == "trigger":
+                if want != (typ, tbl, sql):
+                    con.execute(f'DROP TRIGGER "{name.replace(chr(34), chr(34) * 2)}"')
+                    dropped = True
+            elif want is not None and want != (typ, tbl, sql):
+                raise IndexDamaged(f"index {typ} {name!r} is not the expected one")
+        for stmt in _SCHEMA.split(";\n"):
+            if stmt.strip():
+                con.execute(stmt)
+        return dropped
+
     def audit(self) -> bool:
-        """Check the totals against the rows (sizes range-checked); fix them when they
-        disagree. ``True`` when something was wrong."""
+        """Check the schema (:meth:`audit_schema`) and the totals against the rows (sizes
+        range-checked); fix what is wrong. ``True`` when something was."""
+        if self.audit_schema():
+            self.recompute_totals()
+            return True
         before = self._con.execute("SELECT used, entries FROM totals WHERE id = 1").fetchone()
         bad = self._con.execute(
             f"SELECT (SELECT COUNT(*) FROM entries WHERE {_BAD_SIZE}) + "
@@ -230,7 +265,7 @@ class IndexTx:
             for p, size in self._con.execute("SELECT path, size FROM entries").fetchall()
             if not (isinstance(p, str) and is_object_relpath(p)) or _size(size) is None
         ]
-        self._delete_paths(bad)
+        self._repair_sizes(bad)
         rows = self._con.execute("SELECT id, path, tmp FROM pending").fetchall()
         bad_ids = [
             i
@@ -238,13 +273,24 @@ class IndexTx:
             if not (isinstance(p, str) and isinstance(t, str) and is_temp_relpath_of(p, t))
         ]
         self._con.executemany("DELETE FROM pending WHERE id = ?", [(i,) for i in bad_ids])
-        self.dropped += len(bad) + len(bad_ids)
+        self.dropped += len(bad_ids)
         self.recompute_totals()
         return self.dropped - before
 
-    def _delete_paths(self, paths: list[Any]) -> None:
-        if paths and self.writable:
-            self._con.executemany("DELETE FROM entries WHERE path = ?", [(p,) for p in paths])
+    def _repair_sizes(self, paths: list[Any]) -> None:
+        """Rows with a valid object path but an invalid size get the size of their file
+        (so the file stays counted); the others are deleted."""
+        for p in paths:
+            size = (
+                self._file_size(p)
+                if self._file_size is not None and isinstance(p, str) and is_object_relpath(p)
+                else None
+            )
+            if size is None:
+                self._con.execute("DELETE FROM entries WHERE path = ?", (p,))
+            else:
+                self._con.execute("UPDATE entries SET size = ? WHERE path = ?", (size, p))
+            self.dropped += 1
 
     # -- entries -------------------------------------------------------------------
     def upsert_entry(self, path: str, size: int, atime: float) -> None:
@@ -263,14 +309,15 @@ class IndexTx:
         return None if row is None else _size(row[0])
 
     def lru(self, limit: int, offset: int = 0, now: float = 0.0) -> list[tuple[str, int]]:
-        """Valid entries, least recently used first, leaving out those pinned past ``now``.
+        """Valid entries, least recently used first, leaving out those pinned past ``now``
+        (a pin expiring more than :data:`MAX_PIN_S` after ``now`` is invalid: ignored).
         Invalid rows met on the way are dropped (write transaction) and the totals
         recomputed."""
         rows = self._con.execute(
             "SELECT path, size FROM entries WHERE NOT EXISTS (SELECT 1 FROM pins "
-            "WHERE pins.path = entries.path AND pins.expires > ?) "
+            "WHERE pins.path = entries.path AND pins.expires > ? AND pins.expires <= ?) "
             "ORDER BY atime, path LIMIT ? OFFSET ?",
-            (now, limit, offset),
+            (now, now + MAX_PIN_S, limit, offset),
         ).fetchall()
         out: list[tuple[str, int]] = []
         bad = []
@@ -281,8 +328,7 @@ class IndexTx:
             else:
                 bad.append(p)
         if bad and self.writable:
-            self._delete_paths(bad)
-            self.dropped += len(bad)
+            self._repair_sizes(bad)
             self.recompute_totals()
             return self.lru(limit, offset, now)
         return out
@@ -389,7 +435,9 @@ class IndexTx:
         return [r[0] for r in rows if is_owner_id(r[0])]
 
     def pinned_count(self, now: float) -> int:
-        row = self._con.execute("SELECT COUNT(*) FROM pins WHERE expires > ?", (now,)).fetchone()
+        row = self._con.execute(
+            "SELECT COUNT(*) FROM pins WHERE expires > ? AND expires <= ?", (now, now + MAX_PIN_S)
+        ).fetchone()
         return int(row[0]) if row else 0
 
     # -- meta --------------------------------------------------------------------------
@@ -551,11 +599,9 @@ class SharedIndex:
                 if rows != [("ok",)]:
                     raise IndexDamaged(f"quick_check: {rows[:3]}")
             con.execute("BEGIN IMMEDIATE")
-            tx = IndexTx(con, writable=True)
-            self._audit_schema(con)
-            for stmt in _SCHEMA.split(";\n"):
-                if stmt.strip():
-                    con.execute(stmt)
+            tx = IndexTx(con, writable=True, file_size=self._file_size)
+            if tx.audit_schema():
+                log.warning("disk tier %s: dropped foreign triggers from the index", self.tier.path)
             version = tx.meta("schema")
             if version is None:
                 tx.set_meta("schema", SCHEMA_VERSION)
@@ -571,24 +617,6 @@ class SharedIndex:
         self._con = con
         return complete
 
-    def _audit_schema(self, con: sqlite3.Connection) -> None:
-        """Drop triggers that are not exactly ours (a planted trigger could falsify the
-        totals); a table or index that differs from ours is damage."""
-        for typ, name, tbl, sql in con.execute(
-            "SELECT type, name, tbl_name, sql FROM sqlite_master"
-        ).fetchall():
-            if not isinstance(name, str) or name.startswith("sqlite_"):
-                continue
-            want = _EXPECTED.get(name)
-            if typ == "trigger":
-                if want is None or want != (typ, tbl, sql):
-                    log.warning("disk tier %s: dropping foreign trigger %r", self.tier.path, name)
-                    con.execute(f'DROP TRIGGER "{name.replace(chr(34), chr(34) * 2)}"')
-            elif want is not None and want != (typ, tbl, sql):
-                raise IndexDamaged(f"index {typ} {name!r} is not the expected one")
-            elif want is None and tbl in _EXPECTED and typ == "index":
-                pass  # an extra index on our tables changes nothing we read
-
     def move_aside(self) -> None:
         """Rename the index files to ``index.sqlite.corrupt`` (+ suffixes), replacing an
         older such copy; missing ones are skipped."""
@@ -603,6 +631,14 @@ class SharedIndex:
                     self._remove_entry(self.rel + suffix)
                 else:
                     raise
+
+    def _file_size(self, rel: str) -> int | None:
+        """Size of the regular file ``rel`` (no link followed), ``None`` if there is none."""
+        try:
+            st = self.tier.lstat(rel)
+        except OSError:
+            return None
+        return st.st_size if st is not None and stat.S_ISREG(st.st_mode) else None
 
     def current_ident(self) -> tuple[int, int] | None:
         """``(dev, ino)`` of the index file now in the directory (``None``: none there)."""
@@ -691,7 +727,7 @@ class SharedIndex:
                     finally:
                         con.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
                 try:
-                    yield IndexTx(con, writable=True)
+                    yield IndexTx(con, writable=True, file_size=self._file_size)
                     con.execute("COMMIT")
                 except BaseException:
                     try:
@@ -714,7 +750,7 @@ class SharedIndex:
                 self._check_identity()
                 con.execute("BEGIN")
                 try:
-                    yield IndexTx(con, writable=False)
+                    yield IndexTx(con, writable=False, file_size=self._file_size)
                 finally:
                     con.execute("COMMIT")
             except sqlite3.DatabaseError as exc:

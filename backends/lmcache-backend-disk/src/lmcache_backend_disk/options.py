@@ -80,6 +80,7 @@ class DiskOptions:
     pin_seconds: float = option(
         300.0,
         minimum=0.001,
+        maximum=86400.0,
         doc="Lifetime of a pin taken by pin()/pin_many() (lookup leases): eviction in every "
         "process skips a pinned entry until it is unpinned or this many seconds pass, so a "
         "process that hangs or dies cannot pin forever.",

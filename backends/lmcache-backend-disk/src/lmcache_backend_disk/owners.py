@@ -60,6 +60,7 @@ class OwnerLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 os.write(fd, f"{os.getpid()}\n".encode())
                 os.rename(tmp, owner, src_dir_fd=dfd, dst_dir_fd=dfd)
+                st = os.fstat(fd)
             except BaseException:
                 os.close(fd)
                 try:
@@ -68,6 +69,19 @@ class OwnerLock:
                     pass
                 raise
         self._fd: int | None = fd
+        self.ident = (st.st_dev, st.st_ino)
+
+    def in_place(self) -> bool:
+        """Whether the owner file in the directory is still this one (not deleted or
+        replaced): others judge this backend alive by it."""
+        st = self.tier.lstat(self.rel)
+        return st is not None and (st.st_dev, st.st_ino) == self.ident
+
+    def drop(self) -> None:
+        """Close the lock without removing anything (the file is no longer ours)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def release(self) -> None:
         """Remove the owner file and drop the lock. Idempotent."""

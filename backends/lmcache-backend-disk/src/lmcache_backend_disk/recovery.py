@@ -23,9 +23,10 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from . import layout
-from .owners import claim_dead_owner, list_owner_ids
+from .owners import OWNERS, OwnerLock, claim_dead_owner, list_owner_ids
 from .state import DiskState
 
 __all__ = ["DiskRecovery"]
@@ -44,6 +45,11 @@ class DiskRecovery(DiskState):
     _heal_thread: threading.Thread | None
     _heal_timer: threading.Timer | None
     _closing: bool
+    _owner_lock: OwnerLock | None
+
+    if TYPE_CHECKING:
+
+        def _check_meta_dirs(self) -> None: ...
 
     # ------------------------------------------------------------------ dead owners
     def _reap_sync(self) -> int:
@@ -175,6 +181,7 @@ class DiskRecovery(DiskState):
         index = self.index
         try:
             index.refuse(index.unavailable or "the index is being rebuilt", threading.get_ident())
+            self._restore_meta_sync()
             with self._index_lock():
                 index.close()
                 if self._closing:
@@ -198,6 +205,25 @@ class DiskRecovery(DiskState):
             if not self._closing:
                 index.accept()
         log.info("disk tier %s: index healed", self.root)
+
+    def _restore_meta_sync(self) -> None:
+        """Recreate ``.lmcache-disk/owners`` (links or files in their place are removed) and
+        this backend's owner file if it went missing or was replaced."""
+        self.tier.make_dirs(OWNERS, self.dir_mode, layout.current_umask())
+        self._check_meta_dirs()
+        self._ensure_owner_file()
+
+    def _ensure_owner_file(self) -> None:
+        """Put this backend's owner file back if it was deleted or replaced (others would
+        otherwise take this live backend for dead and settle its writes in progress)."""
+        lock = self._owner_lock
+        if lock is None or lock.in_place():
+            return
+        log.warning(
+            "disk tier %s: the owner file of this backend was removed; restoring it", self.root
+        )
+        self._owner_lock = OwnerLock(self.tier, self.owner, self.file_mode)
+        lock.drop()
 
     def _wait_healed(self, timeout: float | None = None) -> bool:
         """Wait for a rebuild in progress; ``True`` when the index is usable."""

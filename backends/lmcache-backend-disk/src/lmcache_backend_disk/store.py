@@ -37,7 +37,11 @@ __all__ = ["DiskStore"]
 log = logging.getLogger("lmcache_core.disk")
 _EVICT_BATCH = 64
 #: Seconds between audits of the shared totals against the rows (by a reserving writer).
-AUDIT_INTERVAL_S = 600.0
+AUDIT_INTERVAL_S = 60.0
+#: Shortest time between two audits started because the totals exceed the bound.
+AUDIT_OVER_BOUND_S = 5.0
+#: Seconds between checks that this backend's owner file is still in place.
+OWNER_CHECK_S = 10.0
 
 
 @dataclass
@@ -176,6 +180,9 @@ class DiskStore(DiskState):
         self.counters.full_rejections += sum(w.pending_id is None for w in writes)
 
     def _reserve_once(self, writes: list[_Write]) -> None:
+        if time.monotonic() - self._last_owner_check >= OWNER_CHECK_S:
+            self._last_owner_check = time.monotonic()
+            self._ensure_owner_file()
         now = time.time()
         touches = self._take_touches()
         unpins = self._take_unpins()
@@ -215,6 +222,13 @@ class DiskStore(DiskState):
         skipped = 0
         now = time.time()
         audited = False
+        if tx.used() > self.max_bytes and time.monotonic() - self._last_audit > AUDIT_OVER_BOUND_S:
+            # over the bound before this write: falsified totals would make it evict
+            # everything, so check them first (rate-limited)
+            self._last_audit = time.monotonic()
+            audited = True
+            if tx.audit():
+                log.warning("disk tier %s: index totals were wrong; fixed", self.root)
         while tx.used() + size > self.max_bytes:
             batch = tx.lru(_EVICT_BATCH, skipped, now)
             if not batch:
