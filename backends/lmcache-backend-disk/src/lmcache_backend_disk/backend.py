@@ -242,9 +242,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         durable = self.opts.fsync
         self._tier = open_root(self.root, self.dir_mode, self.file_mode, durable=durable)
         tier = self._tier
-        umask = layout.current_umask()
-        new_dirs = tier.make_dirs(OWNERS, self.dir_mode, umask)
-        self._check_meta_dirs()
+        new_dirs = self._make_meta_dirs()
         if durable:
             for d in new_dirs:
                 tier.fsync_dir(d)
@@ -271,22 +269,31 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         with self.index.snapshot() as tx:
             self._totals = tx.totals()
 
-    def _check_meta_dirs(self) -> None:
-        """``.lmcache-disk`` and ``owners`` must not be writable by every user (ours are
-        fixed; another user's are refused, naming the fix)."""
-        for rel in (layout.META_DIR, OWNERS):
-            with self.tier.dir(rel) as fd:
-                st = os.fstat(fd)
-                if not st.st_mode & 0o002:
-                    continue
-                if st.st_uid == os.geteuid():
-                    os.fchmod(fd, self.dir_mode)
-                    continue
-                raise ConfigError(
-                    f"refusing tier {self.root}: {rel} is writable by every user and belongs "
-                    f"to uid {st.st_uid}; its owner should run `chmod o-w {self._abs(rel)}`",
-                    "options.path",
-                )
+    def _make_meta_dirs(self) -> list[str]:
+        """Create ``.lmcache-disk/owners`` (links or files in their place are removed),
+        checking each level before going into it; the parents to fsync."""
+        umask = layout.current_umask()
+        new_dirs = self.tier.make_dirs(layout.META_DIR, self.dir_mode, umask)
+        self._check_meta_dir(layout.META_DIR)
+        new_dirs += self.tier.make_dirs(OWNERS, self.dir_mode, umask)
+        self._check_meta_dir(OWNERS)
+        return new_dirs
+
+    def _check_meta_dir(self, rel: str) -> None:
+        """``rel`` must not be writable by every user (ours is fixed; another user's is
+        refused, naming the fix)."""
+        with self.tier.dir(rel) as fd:
+            st = os.fstat(fd)
+            if not st.st_mode & 0o002:
+                return
+            if st.st_uid == os.geteuid():
+                os.fchmod(fd, self.dir_mode)
+                return
+        raise ConfigError(
+            f"refusing tier {self.root}: {rel} is writable by every user and belongs to "
+            f"uid {st.st_uid}; its owner should run `chmod o-w {self._abs(rel)}`",
+            "options.path",
+        )
 
     async def _close(self) -> None:
         try:

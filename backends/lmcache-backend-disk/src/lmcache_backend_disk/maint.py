@@ -181,35 +181,17 @@ class DiskMaintenance(DiskState):
             invalid = tx.sanitize()
         with self.index.snapshot() as tx:
             live_tmps = tx.pending_tmp_names()
-            rows = tx.entries()
-        found: dict[str, float] = {}
         temps = 0
         for ns in layout.namespace_dirs(self.tier):
             for f in layout.iter_files(self.tier, ns):
-                if isinstance(f, layout.ObjectFile):
-                    found[f.rel] = f.mtime
-                elif (
-                    f.rel not in live_tmps
+                if (
+                    isinstance(f, layout.TempFile)
+                    and f.rel not in live_tmps
                     and self._temp_is_stale(f, stale_before)
                     and self.tier.unlink(f.rel)
                 ):
                     temps += 1
-        adopted = dropped = 0
-        with self.index.transaction() as tx:
-            for rel, mtime in found.items():
-                if rel in rows:
-                    continue
-                st = self.tier.lstat(rel)
-                if st is None:
-                    continue
-                if tx.entry_size(rel) is None:
-                    tx.upsert_entry(rel, st.st_size, mtime)
-                    adopted += 1
-            for rel in rows:
-                if rel not in found and self.tier.lstat(rel) is None:
-                    dropped += int(tx.delete_entry(rel))
-            tx.recompute_totals()
-            self._totals = tx.totals()
+        adopted, dropped = self._sync_rows_with_files()
         return {
             "reaped_owners": reaped,
             "removed_temps": temps,

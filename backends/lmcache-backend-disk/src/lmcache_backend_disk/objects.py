@@ -254,6 +254,10 @@ class ObjectIO:
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 return None, ReadResult(ReadOutcome.LINK, reason="a symbolic link")
+            st = self.tier.lstat(rel)  # e.g. O_DIRECT refused: is it even a file?
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                inode = (st.st_dev, st.st_ino)
+                return None, ReadResult(ReadOutcome.BAD, reason="not a regular file", inode=inode)
             raise
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from . import layout
-from .owners import OWNERS, OwnerLock, claim_dead_owner, list_owner_ids
+from .owners import OwnerLock, claim_dead_owner, list_owner_ids
 from .state import DiskState
 
 __all__ = ["DiskRecovery"]
@@ -49,7 +49,7 @@ class DiskRecovery(DiskState):
 
     if TYPE_CHECKING:
 
-        def _check_meta_dirs(self) -> None: ...
+        def _make_meta_dirs(self) -> list[str]: ...
 
     # ------------------------------------------------------------------ dead owners
     def _reap_sync(self) -> int:
@@ -152,14 +152,47 @@ class DiskRecovery(DiskState):
         finally:
             os.close(fd)  # releases the flock
 
-    def _open_index_locked(self, damaged: tuple[int, int] | None = None) -> None:
-        """Open the index (under ``index.lock``), moving the file ``damaged`` aside if it is
-        still in place, and rebuild it from the files unless it is complete and sound."""
+    def _open_index_locked(self, previous: tuple[int, int] | None = None) -> None:
+        """Open the index (under ``index.lock``) and rebuild it from the files unless it is
+        complete and sound.
+
+        When healing, ``previous`` is the index file this backend used: if it is still in
+        place it is the damaged one and is moved aside; if another file is there (someone
+        deleted or replaced it, or another process already rebuilt it), that one is opened
+        and brought in line with the files (objects it lacks adopted, rows without a file
+        dropped), since it may be older than the files."""
         index = self.index
-        if damaged is not None and index.current_ident() == damaged:
+        current = index.current_ident()
+        replaced = previous is not None and current is not None and current != previous
+        if previous is not None and current == previous:
             index.move_aside()
         if not index.open():
             self._rebuild_sync()
+        elif replaced:
+            self._sync_rows_with_files()
+
+    def _sync_rows_with_files(self) -> tuple[int, int]:
+        """Adopt object files the index lacks, drop rows whose file is gone, recompute the
+        totals; ``(adopted, dropped)``."""
+        with self.index.snapshot() as tx:
+            rows = tx.entries()
+        found: dict[str, tuple[int, float]] = {}
+        for ns in layout.namespace_dirs(self.tier):
+            for f in layout.iter_files(self.tier, ns):
+                if isinstance(f, layout.ObjectFile):
+                    found[f.rel] = (f.size, f.mtime)
+        adopted = dropped = 0
+        with self.index.transaction() as tx:
+            for rel, (size, mtime) in found.items():
+                if rel not in rows and tx.entry_size(rel) is None:
+                    tx.upsert_entry(rel, size, mtime)
+                    adopted += 1
+            for rel in rows:
+                if rel not in found and self.tier.lstat(rel) is None:
+                    dropped += int(tx.delete_entry(rel))
+            tx.recompute_totals()
+            self._totals = tx.totals()
+        return adopted, dropped
 
     # ------------------------------------------------------------------ healing
     def _index_damaged(self, exc: BaseException) -> None:
@@ -209,8 +242,7 @@ class DiskRecovery(DiskState):
     def _restore_meta_sync(self) -> None:
         """Recreate ``.lmcache-disk/owners`` (links or files in their place are removed) and
         this backend's owner file if it went missing or was replaced."""
-        self.tier.make_dirs(OWNERS, self.dir_mode, layout.current_umask())
-        self._check_meta_dirs()
+        self._make_meta_dirs()
         self._ensure_owner_file()
 
     def _ensure_owner_file(self) -> None:

@@ -157,7 +157,13 @@ class TierDir:
         fd = self.fd
         try:
             for name in parts[:-1]:
-                nxt = os.open(name, (_O_PATH or os.O_RDONLY) | _DIR_FLAGS, dir_fd=fd)
+                try:
+                    nxt = os.open(name, (_O_PATH or os.O_RDONLY) | _DIR_FLAGS, dir_fd=fd)
+                except NotADirectoryError:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    if stat.S_ISLNK(st.st_mode):  # as openat2 reports it
+                        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), rel) from None
+                    raise
                 if fd != self.fd:
                     os.close(fd)
                 fd = nxt
@@ -427,6 +433,21 @@ def check_root(st: os.stat_result, path: str, file_mode: int) -> None:
         )
 
 
+def _fsync_path(path: str) -> None:
+    """fsync the directory ``path`` if this process may open it (else leave it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except PermissionError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EROFS):
+            raise
+    finally:
+        os.close(fd)
+
+
 def open_root(path: str, dir_mode: int, file_mode: int, *, durable: bool) -> TierDir:
     """Open (creating it, and missing parents, with ``dir_mode``) the tier root ``path``.
 
@@ -446,7 +467,7 @@ def open_root(path: str, dir_mode: int, file_mode: int, *, durable: bool) -> Tie
         return TierDir(fd, path)
     if not os.path.isdir(parent):
         os.makedirs(parent, dir_mode, exist_ok=True)
-    pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    pfd = os.open(parent, (_O_PATH or os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         created = False
         try:
@@ -476,11 +497,7 @@ def open_root(path: str, dir_mode: int, file_mode: int, *, durable: bool) -> Tie
                     os.fchmod(fd, dir_mode)  # the umask took bits away
                     st = os.fstat(fd)
                 if durable:
-                    try:
-                        os.fsync(pfd)
-                    except OSError as exc:
-                        if exc.errno not in (errno.EINVAL, errno.EROFS):
-                            raise
+                    _fsync_path(parent)
             check_root(st, path, file_mode)
         except BaseException:
             os.close(fd)

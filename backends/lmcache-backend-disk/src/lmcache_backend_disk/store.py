@@ -293,6 +293,8 @@ class DiskStore(DiskState):
     def _publish_sync(self, writes: list[_Write]) -> list[bool]:
         """Rename written objects into place and record them; release all reservations."""
         results = [False] * len(writes)
+        if all(w.pending_id is None for w in writes):
+            return results  # nothing was reserved: nothing to publish or release
         renamed: list[int] = []
         now = time.time()
         try:
