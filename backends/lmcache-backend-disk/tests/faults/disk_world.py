@@ -30,6 +30,26 @@ from lmcache_core.errors import ConfigError, LMCacheError
 from lmcache_core.testing import random_tensor, same_bits
 
 FULL = os.environ.get("LMCACHE_FAULTS_FULL", "") not in ("", "0")
+#: Seed of the bounded sample run in CI (the full campaign runs everything).
+SAMPLE_SEED = 20240611
+
+
+def sample(items: list[Any], k: int) -> list[Any]:
+    """All of ``items`` in the full campaign, else ``k`` of them chosen with a fixed seed."""
+    if FULL or k >= len(items):
+        return list(items)
+    return random.Random(SAMPLE_SEED).sample(items, k)
+
+
+def phases(trials: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Each trial planted before a backend starts (``False``) and while one is open
+    (``True``) in the full campaign; in CI one of the two, chosen with a fixed seed."""
+    if FULL:
+        return [(*t, hot) for t in trials for hot in (False, True)]
+    rnd = random.Random(SAMPLE_SEED)
+    return [(*t, rnd.random() < 0.5) for t in trials]
+
+
 NS = Namespace(model_name="faults", kv_dtype="uint8", block_size=16)
 CHUNK = 16 * 1024
 OBJ = CHUNK + 4096  # bytes of one object on disk (data + header)
@@ -115,6 +135,7 @@ class World:
         self.forged_root = self.canary_dir / "forged-tier"
         self.victim = self.canary_dir / "victim"
         self.canary = Canary(str(self.canary_dir))
+        self.ns_dir = ""
         self.legit: dict[int, torch.Tensor] = {}
         self.stored: dict[int, torch.Tensor] = {}  # what the battery stored itself
 
@@ -126,9 +147,10 @@ class World:
                 [key(i) for i in range(LEGIT)], [legit_value(i) for i in range(LEGIT)]
             )
             assert all(ok)
-            self.ns_dir = b._ns_dir
+            ns_dir = b._ns_dir
         finally:
             await b.close()
+        self.ns_dir = ns_dir
         self.legit = {i: legit_value(i) for i in range(LEGIT)}
         f = backend(self.forged_root)
         await f.start()
@@ -151,6 +173,17 @@ class World:
             (self.forged_root / ".lmcache-disk" / "index.sqlite").read_bytes()
         )
         os.mkfifo(self.victim / "fifo")
+
+    def clone(self, tmp: Path, rnd: random.Random) -> World:
+        """A copy of this (built, idle) world under ``tmp``: trials share one build."""
+        tmp.mkdir(parents=True)
+        for name in ("tier", "canary"):
+            shutil.copytree(self.tmp / name, tmp / name, symlinks=True, ignore=_no_fifo)
+        w = World(tmp, rnd)
+        w.ns_dir = self.ns_dir
+        w.legit = dict(self.legit)
+        os.mkfifo(w.victim / "fifo")
+        return w
 
     # -- where things are
     def rel(self, i: int) -> str:
@@ -288,6 +321,10 @@ class World:
             tally.crash("final reconcile", exc)
         finally:
             await b.close()
+
+
+def _no_fifo(directory: str, names: list[str]) -> list[str]:
+    return [n for n in names if n == "fifo"]
 
 
 async def _drain(b: DiskBackend) -> int:
