@@ -39,7 +39,7 @@ from lmcache_core.options import build_options
 
 from . import layout
 from .aligned import BufferPool, probe_direct_io
-from .index import IndexUnavailable, SharedIndex
+from .index import IndexUnavailable
 from .maint import DiskMaintenance
 from .objects import ObjectIO, ReadOutcome, ReadResult
 from .options import DiskOptions, dir_mode, parse_mode
@@ -47,6 +47,7 @@ from .owners import OWNERS, OwnerLock, new_owner_id
 from .pins import DiskPins
 from .recovery import DiskRecovery
 from .sandbox import TierDir, open_root
+from .shared_index import SharedIndex
 from .state import Counters
 from .store import DiskStore
 

@@ -17,10 +17,10 @@ from lmcache_core.backend import BackendStats
 from lmcache_core.keys import CacheEngineKey
 
 if TYPE_CHECKING:
-    from .index import SharedIndex
     from .objects import ObjectIO
     from .options import DiskOptions
     from .sandbox import TierDir
+    from .shared_index import SharedIndex
 
 __all__ = ["Counters", "DiskState"]
 
