@@ -32,7 +32,6 @@ settled when their owner is found dead.
 
 from __future__ import annotations
 
-import logging
 import sqlite3
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -48,7 +47,6 @@ __all__ = [
     "is_damage",
 ]
 
-log = logging.getLogger("lmcache_core.disk")
 
 #: Largest size accepted for one object (and one reservation) read from the index.
 MAX_SIZE = 1 << 48
