@@ -332,8 +332,8 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         return [hit for part in parts for hit in part]
 
     def _exists_sync(self, rels: list[str]) -> list[bool]:
-        is_file = self.tier.is_file
-        return [is_file(rel) for rel in rels]
+        exists = self.tier.exists
+        return [exists(rel) for rel in rels]
 
     async def _get(self, key: CacheEngineKey) -> torch.Tensor | None:
         return await self._call(self._get_sync, key)

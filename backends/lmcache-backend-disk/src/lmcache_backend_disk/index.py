@@ -45,6 +45,7 @@ __all__ = [
     "IndexTx",
     "IndexUnavailable",
     "is_damage",
+    "text_or_bytes",
 ]
 
 
@@ -123,6 +124,15 @@ def is_damage(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return any(t in text for t in _DAMAGE_TEXT)
+
+
+def text_or_bytes(raw: bytes) -> str | bytes:
+    """The connection's text factory: TEXT that is not valid UTF-8 (a damaged or tampered
+    index) comes back as ``bytes``, which no validation accepts, instead of raising."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
 
 
 def _size(v: object) -> int | None:
@@ -205,7 +215,9 @@ class IndexTx:
         for typ, name, tbl, sql in con.execute(
             "SELECT type, name, tbl_name, sql FROM sqlite_master"
         ).fetchall():
-            if not isinstance(name, str) or name.startswith("sqlite_"):
+            if not isinstance(name, str):
+                raise IndexDamaged(f"a schema object's name is not text: {name!r}")
+            if name.startswith("sqlite_"):
                 continue
             want = _EXPECTED.get(name)
             if typ == "trigger":
@@ -243,6 +255,13 @@ class IndexTx:
             return True
         return False
 
+    def integrity_check(self) -> None:
+        """``PRAGMA integrity_check`` (also compares every index with its table, which
+        ``quick_check`` at open does not): :class:`IndexDamaged` unless it passes."""
+        rows = self._con.execute("PRAGMA integrity_check").fetchall()
+        if rows != [("ok",)]:
+            raise IndexDamaged(f"integrity_check: {rows[:3]}")
+
     def sanitize(self) -> int:
         """Drop every row that fails validation (object and temporary paths included: a
         full scan, for ``reconcile``), then recompute the totals; the rows dropped."""
@@ -273,10 +292,17 @@ class IndexTx:
                 if self._file_size is not None and isinstance(p, str) and is_object_relpath(p)
                 else None
             )
+            # matched on the raw bytes: a path that is not valid text (read back as bytes,
+            # see :func:`text_or_bytes`) must still be found
+            raw = p if isinstance(p, bytes) else str(p).encode("utf-8", "surrogatepass")
+            args: tuple[object, ...]
             if size is None:
-                self._con.execute("DELETE FROM entries WHERE path = ?", (p,))
+                sql, args = "DELETE FROM entries WHERE CAST(path AS BLOB) = ?", (raw,)
             else:
-                self._con.execute("UPDATE entries SET size = ? WHERE path = ?", (size, p))
+                sql, args = "UPDATE entries SET size = ? WHERE CAST(path AS BLOB) = ?", (size, raw)
+            if self._con.execute(sql, args).rowcount == 0:
+                # the row was read through an index whose copy differs from the table
+                raise IndexDamaged("an index of the entries table disagrees with the table")
             self.dropped += 1
 
     # -- entries -------------------------------------------------------------------

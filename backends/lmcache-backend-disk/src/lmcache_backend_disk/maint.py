@@ -168,13 +168,16 @@ class DiskMaintenance(DiskState):
         return {"used_bytes": used, "entries": entries, "max_bytes": bound}
 
     async def reconcile(self) -> dict[str, int]:
-        """Make the index agree with the files: settle dead writers, remove stale
-        temporary files, drop rows that fail validation, adopt objects the index lacks,
-        drop rows whose file is gone, and recompute the totals."""
+        """Make the index agree with the files: check its integrity (a damaged index is
+        rebuilt), settle dead writers, remove stale temporary files, drop rows that fail
+        validation, adopt objects the index lacks, drop rows whose file is gone, and
+        recompute the totals."""
         self._check()
         return await self._call(self._with_index, self._reconcile_sync)
 
     def _reconcile_sync(self) -> dict[str, int]:
+        with self.index.snapshot() as tx:
+            tx.integrity_check()  # damage: rebuilt (and this call retried once)
         reaped = self._reap_sync()
         stale_before = time.time() - self.opts.stale_temp_seconds
         with self.index.transaction() as tx:

@@ -58,6 +58,7 @@ class _Openat2:
 
     def __init__(self) -> None:
         self.ok = False
+        self._hows: dict[tuple[int, int], object] = {}
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             fn = libc.syscall
@@ -87,8 +88,11 @@ class _Openat2:
         self.ok = True
 
     def call(self, dir_fd: int, rel: str, flags: int, mode: int) -> int:
-        how = _OpenHow(flags, mode if flags & os.O_CREAT else 0, _RESOLVE)
-        fd = self._fn(_SYS_OPENAT2, dir_fd, os.fsencode(rel), ctypes.byref(how), self._size)
+        key = (flags, mode if flags & os.O_CREAT else 0)
+        how = self._hows.get(key)
+        if how is None:  # a handful of (flags, mode) pairs are used: built once each
+            how = self._hows[key] = ctypes.byref(_OpenHow(key[0], key[1], _RESOLVE))
+        fd = self._fn(_SYS_OPENAT2, dir_fd, rel.encode(), how, self._size)
         if fd < 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err), rel)
@@ -201,6 +205,20 @@ class TierDir:
             if exc.errno == errno.ELOOP:
                 return None
             raise
+
+    def exists(self, rel: str) -> bool:
+        """Whether something that is not a link is at ``rel``, reached without any link
+        (the cheap check behind ``contains``: two system calls with ``openat2``; what it
+        finds is verified when read)."""
+        if self._fast:
+            assert _openat2 is not None
+            try:
+                fd = _openat2.call(self.fd, rel, _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, 0)
+            except OSError:
+                return False
+            os.close(fd)
+            return True  # (RESOLVE_BENEATH: nothing outside the root is reachable)
+        return self.is_file(rel)
 
     def is_file(self, rel: str) -> bool:
         """Whether ``rel`` is a regular file reached without any link."""

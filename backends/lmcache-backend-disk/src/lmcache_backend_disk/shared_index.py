@@ -30,6 +30,7 @@ from .index import (
     IndexTx,
     IndexUnavailable,
     is_damage,
+    text_or_bytes,
 )
 from .layout import INDEX_FILE, META_DIR
 from .sandbox import TierDir
@@ -83,7 +84,7 @@ class SharedIndex:
         existed = self._check_files()
         try:
             return self._open(check=existed) and existed
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, UnicodeError) as exc:
             log.warning("disk tier %s: index unusable (%s); moving it aside", self.tier.path, exc)
             self.close()
             self.move_aside()
@@ -161,6 +162,7 @@ class SharedIndex:
         con = sqlite3.connect(
             self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
         )
+        con.text_factory = text_or_bytes
         try:
             con.execute("PRAGMA journal_mode=WAL").fetchone()
             con.execute("PRAGMA synchronous=NORMAL")

@@ -88,6 +88,12 @@ async def _check(b: DiskBackend, tally: Tally, what: str, rnd: random.Random) ->
         if got is not None and not same_bits(got, _val(i)):
             tally.wrong_bytes += 1
             tally.notes.append(f"{what}: wrong bytes for {i}")
+    await b.put(_key(N + 9), _val(N + 9))  # may meet the damage: a rebuild starts
+    await b.reconcile() if rnd.random() < 0.3 else None
+    if not await _wait_usable(b):
+        tally.inconsistent += 1
+        tally.notes.append(f"{what}: the index stayed unusable ({b.index.unavailable})")
+        return
     ok = True
     for i in range(N, N + 5):
         ok &= await b.put(_key(i), _val(i))
