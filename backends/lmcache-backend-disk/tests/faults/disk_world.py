@@ -7,18 +7,26 @@ tallies: wrong bytes served (any hit that is not the legitimate value, including
 for a key only the forger has), links followed (``contains`` true for a key reachable
 only through a link), crashes (an exception from an operation that must not raise), and
 changes outside the tier (the canary: bytes, inodes, inotify events).
+
+The campaign runs a bounded sample with a fixed seed by default, everything with
+``LMCACHE_FAULTS_FULL=1`` (``make faults``); ``LMCACHE_FAULTS_LOG=FILE`` appends one JSON
+line per campaign (trial counts and results) to FILE. (No ``conftest.py`` here: the name
+would clash with ``tests/vllm``'s in one pytest run; this module is found because pytest
+puts this directory on ``sys.path``.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
 import shutil
 import time
+from collections.abc import Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from disk_canary import Canary
@@ -28,6 +36,18 @@ from lmcache_core import CacheEngineKey, Namespace
 from lmcache_core.cli_maint import GcRules, gc_tier, verify_tier
 from lmcache_core.errors import ConfigError, LMCacheError
 from lmcache_core.testing import random_tensor, same_bits
+
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float = 300.0) -> T:
+    """Run a coroutine to completion (the tests are synchronous)."""
+
+    async def guarded() -> T:
+        return await asyncio.wait_for(coro, timeout)
+
+    return asyncio.run(guarded())
+
 
 FULL = os.environ.get("LMCACHE_FAULTS_FULL", "") not in ("", "0")
 #: Seed of the bounded sample run in CI (the full campaign runs everything).

@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 
 import torch
-from disk_testutil import run
-from disk_world import FULL, NS, Tally, tier_object_bytes
+from disk_world import FULL, NS, Tally, run, tier_object_bytes
 from lmcache_backend_disk import DiskBackend
 
 from lmcache_core import CacheEngineKey

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from disk_testutil import run
-from disk_world import FULL, LEGIT, OBJ, Tally, World, backend, phases
+from disk_world import FULL, LEGIT, OBJ, Tally, World, backend, phases, run
 from lmcache_backend_disk import store as store_mod
 
 SEEDS = range(6) if FULL else range(1)

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 from disk_canary import snapshot
-from disk_testutil import run
-from disk_world import FULL, Tally, backend, key, legit_value
+from disk_world import FULL, Tally, backend, key, legit_value, run
 
 from lmcache_core.errors import ConfigError
 from lmcache_core.testing import same_bits

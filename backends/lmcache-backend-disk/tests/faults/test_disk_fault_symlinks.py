@@ -14,8 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from disk_testutil import run
-from disk_world import FULL, LEGIT, OBJ, Tally, World, backend, key, phases, sample
+from disk_world import FULL, LEGIT, OBJ, Tally, World, backend, key, phases, run, sample
 from lmcache_backend_disk import sandbox
 
 SEEDS = range(8) if FULL else range(1)
