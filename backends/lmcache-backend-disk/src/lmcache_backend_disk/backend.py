@@ -57,7 +57,7 @@ log = logging.getLogger("lmcache_core.disk")
 T = TypeVar("T")
 
 #: Seconds after which an idle staging buffer is released.
-STAGING_IDLE_S = 5.0
+STAGING_IDLE_S = 30.0
 
 
 class DiskTierError(LMCacheError, OSError):

@@ -71,11 +71,13 @@ class DiskOptions:
     )
 
     staging_bytes: int = option(
-        "256MiB",
+        "1GiB",
         kind="bytes",
         minimum=0,
-        doc="Idle O_DIRECT staging buffers kept for reuse (each I/O in flight holds one); "
-        "a buffer unused for 5 s is released, so an idle backend holds none.",
+        doc="Idle O_DIRECT staging buffers kept for reuse between bursts (each I/O in flight "
+        "holds one; concurrency x chunk size keeps a burst of unaligned values from "
+        "page-faulting fresh memory); a buffer unused for 30 s is released, so an idle "
+        "backend holds none.",
     )
     pin_seconds: float = option(
         300.0,
