@@ -34,12 +34,10 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     Host to host this is one ``memmove`` through ctypes, which releases the GIL and costs
     a few µs of overhead per call (``benchmarks/bench_copy.py``).
     """
-    if dst.device.type == "cpu" and src.device.type == "cpu":
-        n = dst.numel() * dst.element_size()
-        if n != src.numel() * src.element_size():
-            raise ValueError(
-                f"copy of {src.numel() * src.element_size()} bytes into a {n}-byte buffer"
-            )
+    if dst.is_cpu and src.is_cpu:
+        n = dst.nbytes
+        if n != src.nbytes:
+            raise ValueError(f"copy of {src.nbytes} bytes into a {n}-byte buffer")
         if not (dst.is_contiguous() and src.is_contiguous()):
             raise ValueError("copy_into needs contiguous tensors")
         if n:
