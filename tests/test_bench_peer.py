@@ -75,7 +75,7 @@ def test_raw_baseline_writes_and_reads_the_same_bytes(tmp_path: Path) -> None:
         pytest.skip(f"O_DIRECT refused here: {exc}")
     dst = [bp.aligned_bytes(nbytes) for _ in range(5)]
     bp.make_cold(paths)
-    bp.raw_read(paths, dst, qd=4)
+    bp.raw_read(paths, dst, qd=4, request=256 * 1024)  # 4 requests per file
     assert [bytes(d[:4]) for d in dst] == [bytes([i + 1]) * 4 for i in range(5)]
     assert all(bytes(d) == bytes(s) for d, s in zip(dst, src, strict=True))
 
