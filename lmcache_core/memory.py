@@ -1,12 +1,14 @@
 """Byte-level helpers for host memory.
 
-torch's ``copy_`` splits large CPU copies across its OpenMP threads; on a busy machine
-(2 cores shared with vLLM's compute threads) one descheduled thread stalls the whole copy:
-a 4 MiB copy was seen taking 12 ms with 2 threads under heavy load against 0.2 ms
-single-threaded (one uncommitted observation; ``benchmarks/bench_copy.py`` otherwise
-shows ``copy_`` ~1.8x faster, so this choice is to be re-measured inside a vLLM worker).
-Host-to-host copies here therefore use one ``memmove`` (through ctypes, which releases
-the GIL); copies involving a device tensor still go through torch.
+Host-to-host copies use one ``memmove`` (through ctypes, which releases the GIL), in
+the calling thread, not torch's ``copy_``: torch splits a large CPU copy across its
+OpenMP team (2 threads here), and when other work holds a core -- a vLLM worker's
+forward pass, other processes -- the team waits for its descheduled thread. Measured by
+``benchmarks/bench_copy.py`` (both ways interleaved, quiet and with one busy process per
+core): a 4 MiB ``copy_`` had a median of 12-17 ms and a 90th percentile of 21-35 ms in
+those conditions, against 0.2-0.3 ms (p90 0.5-0.7 ms) for one ``memmove``; only on an
+idle machine is ``copy_`` faster (~1.8x, an earlier run). Copies involving a device
+tensor still go through torch.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     """Copy the bytes of ``src`` into ``dst`` (same byte size, both contiguous).
 
     Host to host this is one ``memmove`` through ctypes, which releases the GIL and costs
-    a few µs of overhead per call (``benchmarks/bench_copy.py``).
+    2-3 µs of overhead per call (``benchmarks/bench_copy.py``; see the module docstring
+    for why not ``copy_``).
     """
     if dst.is_cpu and src.is_cpu:
         n = dst.nbytes
