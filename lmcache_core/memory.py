@@ -3,12 +3,11 @@
 Host-to-host copies use one ``memmove`` (through ctypes, which releases the GIL), in
 the calling thread, not torch's ``copy_``: torch splits a large CPU copy across its
 OpenMP team (2 threads here), and when other work holds a core -- a vLLM worker's
-forward pass, other processes -- the team waits for its descheduled thread. Measured by
+forward pass, other processes -- the team waits for its descheduled thread.
 ``benchmarks/bench_copy.py`` (both ways interleaved, quiet and with one busy process per
-core): a 4 MiB ``copy_`` had a median of 12-17 ms and a 90th percentile of 21-35 ms in
-those conditions, against 0.2-0.3 ms (p90 0.5-0.7 ms) for one ``memmove``; only on an
-idle machine is ``copy_`` faster (~1.8x, an earlier run). Copies involving a device
-tensor still go through torch.
+core) measured a 4 MiB ``copy_`` at 8-35 ms at the 90th percentile whenever other work
+ran, against under 0.7 ms for one ``memmove``; only with both cores free is ``copy_``
+faster (1.3-1.5x). Copies involving a device tensor still go through torch.
 """
 
 from __future__ import annotations
