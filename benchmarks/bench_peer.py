@@ -20,8 +20,9 @@ run go through both, interleaved, on the same chunks:
   buffers -- ours into 4 KiB-aligned buffers, plain ``torch.empty`` buffers and bf16
   views of one aligned staging area, LMCache's ``batched_get_blocking`` + copying into
   the plain buffers; the raw baseline: the best of ``O_DIRECT`` ``pwritev`` / ``preadv``
-  of the same bytes with 1, 4 and 16 requests in flight (requests of at most 4 MiB;
-  writes preallocate each file, then fsync each file and the directory). Before every cold read the files read are dropped
+  of the same bytes with 1, 4 and 16 requests in flight, requests of 4 MiB and, for
+  32 MiB chunks, of whole files (writes preallocate each file, then fsync each file and
+  the directory). Before every cold read the files read are dropped
   from the page cache (``posix_fadvise(DONTNEED)``) and checked with ``mincore``; every
   read is compared bit for bit with what was written;
 * disk tier lookups of 128 present keys: ours ``batched_contains`` and a hierarchy's
@@ -766,6 +767,14 @@ class DiskSize:
             "LMCache O_DIRECT": Peer(cpu_gib, os.path.join(self.work, "peer-odirect"), True),
         }
         self.samples: dict[str, list[float]] = {}
+        #: raw baseline variants: (name, requests in flight, request size); whole-file
+        #: requests too when a chunk is larger than RAW_REQUEST
+        reqs = [RAW_REQUEST] + ([self.nbytes] if self.nbytes > RAW_REQUEST else [])
+        self.raw_variants = [
+            (f"qd{qd}" + ("" if req == RAW_REQUEST else f" {req // MiB}MiB-requests"), qd, req)
+            for req in reqs
+            for qd in QDS
+        ]
 
     def close(self) -> None:
         self.ours.close()
@@ -809,15 +818,15 @@ class DiskSize:
         okeys = [CacheEngineKey("peer", 1, 0, base + i, "bfloat16") for i in range(self.n)]
         pkeys = [Peer.key(base + i) for i in range(self.n)]
         names = [f"r{r}-{i}" for i in range(self.n)]
-        raw_paths: dict[int, list[str]] = {}
+        raw_paths: dict[str, list[str]] = {}
         puts: list[tuple[str, Callable[[], object]]] = [
             (
-                f"raw put qd{qd}",
-                lambda qd=qd: raw_paths.__setitem__(
-                    qd, raw_write(os.path.join(self.work, f"raw{qd}"), names, self.raw_src, qd)
+                f"raw put {v}",
+                lambda v=v, qd=qd, req=req: raw_paths.__setitem__(
+                    v, raw_write(os.path.join(self.work, f"raw-{v}"), names, self.raw_src, qd, req)
                 ),
             )
-            for qd in QDS
+            for v, qd, req in self.raw_variants
         ]
         puts.append(("ours put", lambda: self._ours_put(okeys)))
         for pname, peer in self.peers.items():
@@ -828,12 +837,12 @@ class DiskSize:
         reads: list[tuple[str, Callable[[], object], Callable[[], list[str]], Callable[[], None]]]
         reads = [
             (
-                f"raw read qd{qd}",
-                lambda qd=qd: raw_read(raw_paths[qd], self.raw_dst, qd),
-                lambda qd=qd: raw_paths[qd],
+                f"raw read {v}",
+                lambda v=v, qd=qd, req=req: raw_read(raw_paths[v], self.raw_dst, qd, req),
+                lambda v=v: raw_paths[v],
                 self._check_raw,
             )
-            for qd in QDS
+            for v, qd, req in self.raw_variants
         ]
         for kind, outs in self.outs.items():
             reads.append(
@@ -864,8 +873,8 @@ class DiskSize:
             self.ours.remove(kk)
         for peer in self.peers.values():
             peer.disk_remove(pkeys)
-        for qd in QDS:
-            shutil.rmtree(os.path.join(self.work, f"raw{qd}"), ignore_errors=True)
+        for v, _, _ in self.raw_variants:
+            shutil.rmtree(os.path.join(self.work, f"raw-{v}"), ignore_errors=True)
 
     def _ours_put(self, keys: Sequence[Any]) -> None:
         if not all(self.ours.batched_put(keys, self.values)):
@@ -878,8 +887,12 @@ class DiskSize:
     def rows(self) -> list[dict[str, Any]]:
         s, total = self.samples, self.n * self.nbytes / 1e9
         fig = {k: figure(s, k, total) for k in s}
-        raw_put = min((fig[f"raw put qd{qd}"] for qd in QDS), key=lambda f: f["time"])
-        raw_read_ = min((fig[f"raw read qd{qd}"] for qd in QDS), key=lambda f: f["time"])
+        raw_put = min(
+            (fig[f"raw put {v}"] for v, _, _ in self.raw_variants), key=lambda f: f["time"]
+        )
+        raw_read_ = min(
+            (fig[f"raw read {v}"] for v, _, _ in self.raw_variants), key=lambda f: f["time"]
+        )
         size = f"{self.mib} MiB"
         rows = [
             make_row(
