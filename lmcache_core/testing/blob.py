@@ -39,5 +39,7 @@ async def corrupt_blob(backend: BlobBackend, key: CacheEngineKey, kind: str) -> 
         raw = bytearray(fmt.encode(other, header.namespace, value))
     else:
         raise ValueError(f"unknown corruption {kind!r}")
+    # deleted first: a store may skip writing an object whose header checksum it already has
+    await backend._op("delete_object", name)
     await backend._op("write_object", name, memoryview(bytes(raw)))
     backend._presence.forget(name)
