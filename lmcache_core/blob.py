@@ -433,7 +433,8 @@ class BlobBackend(BaseBackend):
         )
         try:
             await self._op("open_store")
-            await self._write_marker()
+            if self.namespace is not None:  # (maintenance opens a tier without one)
+                await self._write_marker()
         except asyncio.CancelledError:
             self._shutdown_pool()
             raise
