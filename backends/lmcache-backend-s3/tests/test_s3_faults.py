@@ -101,7 +101,7 @@ async def _outage_then_recovery(
     assert (await h.lookup_prefix(keys)).num_hit == 4
     tier = h.stats()["tiers"][0]
     assert tier["timeouts"] + tier["errors"] > 0, tier
-    assert tier["backend_stats"]["prefix_lookups"] >= 5  # the hierarchy used the native lookup
+    assert tier["backend_stats"]["prefix_lookups"] >= 1  # the hierarchy used the native lookup
 
 
 def test_paused_server_gives_misses_within_deadline_then_recovers(
