@@ -446,11 +446,10 @@ class BlobBackend(BaseBackend):
             raise ConfigError(f"{self._error_prefix()}: cannot open: {reason}") from None
 
     async def _op_after_failed_start(self) -> None:
-        fn = self.close_store
-        if self._sync_ops["close_store"]:
-            fn()
-        else:
-            await fn()  # type: ignore[func-returns-value]
+        fn: Any = self.close_store
+        result = fn()  # sync: done here (the pool is gone); async: a coroutine to await
+        if inspect.isawaitable(result):
+            await result
 
     async def _write_marker(self) -> None:
         """Record the namespace in clear once per namespace directory (for inspect/gc)."""
@@ -566,7 +565,9 @@ class BlobBackend(BaseBackend):
             return exc
         return True
 
-    def _read_decode_sync(self, name: str, key: CacheEngineKey) -> torch.Tensor | FormatError | None:
+    def _read_decode_sync(
+        self, name: str, key: CacheEngineKey
+    ) -> torch.Tensor | FormatError | None:
         data = self.read_object(name)
         return None if data is None else self._decode_new(data, key)
 

@@ -31,7 +31,9 @@ BIG = 4 << 20
 
 def shared_key(i: int, tag: str = "proc") -> CacheEngineKey:
     """Key ``i`` of the multi-process tests (the same in every process)."""
-    return CacheEngineKey("contract-model", 1, 0, (0xC0FFEE << 64) + (hash_tag(tag) << 8) + i, "uint8")
+    return CacheEngineKey(
+        "contract-model", 1, 0, (0xC0FFEE << 64) + (hash_tag(tag) << 8) + i, "uint8"
+    )
 
 
 def hash_tag(tag: str) -> int:

@@ -246,9 +246,7 @@ class Tier:
         if not callable(native):
             return await self.batched_contains(keys)
         t0 = time.perf_counter()
-        res = await self._call(
-            "lookup", lambda: self._with_lookup_deadline(native(keys)), None
-        )
+        res = await self._call("lookup", lambda: self._with_lookup_deadline(native(keys)), None)
         self.stats.lookup_latency.add(time.perf_counter() - t0)
         self.stats.lookups += 1
         self.stats.lookup_keys += len(keys)

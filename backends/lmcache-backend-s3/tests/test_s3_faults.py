@@ -104,9 +104,7 @@ async def _outage_then_recovery(
     assert tier["backend_stats"]["prefix_lookups"] >= 1  # the hierarchy used the native lookup
 
 
-def test_paused_server_gives_misses_within_deadline_then_recovers(
-    s3: LocalS3, prefix: str
-) -> None:
+def test_paused_server_gives_misses_within_deadline_then_recovers(s3: LocalS3, prefix: str) -> None:
     async def body() -> None:
         h = _hierarchy(s3.options(prefix))
         await h.start()

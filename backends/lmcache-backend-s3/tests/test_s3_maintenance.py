@@ -59,9 +59,7 @@ def _remaining(s3: LocalS3, prefix: str) -> set[str]:
     return {o["Key"][len(prefix) + 1 :] for o in resp.get("Contents", [])}
 
 
-def test_gc_cli_by_url_trims_oldest_first_and_purges_a_namespace(
-    s3: LocalS3, prefix: str
-) -> None:
+def test_gc_cli_by_url_trims_oldest_first_and_purges_a_namespace(s3: LocalS3, prefix: str) -> None:
     old = run_async(_fill(s3, prefix, NS_A, 4, "old"))
     time.sleep(1.2)  # S3 times have one-second resolution
     new = run_async(_fill(s3, prefix, NS_A, 2, "new"))
@@ -116,9 +114,7 @@ def test_hierarchy_prefix_lookup_requests_are_logarithmic(s3: LocalS3, prefix: s
                 {
                     "name": "remote",
                     "backend": f"s3://{s3.bucket}/{prefix}",
-                    "options": {
-                        k: v for k, v in s3.options(prefix).items() if k != "url"
-                    },
+                    "options": {k: v for k, v in s3.options(prefix).items() if k != "url"},
                 }
             ]
         }

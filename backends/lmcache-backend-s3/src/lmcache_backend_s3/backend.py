@@ -48,7 +48,9 @@ class S3Backend(BlobBackend):
         self.store: BotoStore | FsspecStore = BotoStore(opts) if use_boto else FsspecStore(opts)
 
     def __repr__(self) -> str:
-        return f"S3Backend(name={self.name!r}, url={self.describe_store()!r}, state={self._state!r})"
+        return (
+            f"S3Backend(name={self.name!r}, url={self.describe_store()!r}, state={self._state!r})"
+        )
 
     # ------------------------------------------------------------------ byte operations
     def describe_store(self) -> str:

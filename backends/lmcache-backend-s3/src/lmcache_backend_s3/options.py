@@ -43,7 +43,9 @@ class S3Options:
         None, kind="secret", doc="Secret access key ({$env: NAME}); never shown."
     )
     session_token: str | None = option(
-        None, kind="secret", doc="Session token of temporary credentials ({$env: NAME}); never shown."
+        None,
+        kind="secret",
+        doc="Session token of temporary credentials ({$env: NAME}); never shown.",
     )
     server_side_encryption: str | None = option(
         None,

@@ -156,7 +156,7 @@ def start_local_s3(bucket: str = "lmcache-test", *, timeout: float = 60.0) -> Lo
                         "s3:AbortMultipartUpload",
                     ],
                     "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"],
-                }
+                },
             ],
         }
         iam.put_user_policy(

@@ -276,7 +276,11 @@ class BotoStore:
             def part(n: int, lo: int, hi: int) -> dict[str, Any]:
                 self._count("multipart")
                 resp = self.client.upload_part(
-                    Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=n, Body=_Body(data[lo:hi])
+                    Bucket=self.bucket,
+                    Key=key,
+                    UploadId=upload,
+                    PartNumber=n,
+                    Body=_Body(data[lo:hi]),
                 )
                 return {"PartNumber": n, "ETag": resp["ETag"]}
 
