@@ -31,6 +31,9 @@ class S3Backend(BlobBackend):
 
     Options = S3Options
     capabilities = Capabilities(persistent=True, shared=True, bounded=False)
+    #: boto3 has sent the body when put_object returns; fsspec's local and memory
+    #: filesystems copy it (``bytes(data)``) or write it out: nothing keeps ``data``.
+    keeps_written_data = False
 
     def __init__(
         self, options: Any = None, *, namespace: Namespace | None = None, name: str | None = None

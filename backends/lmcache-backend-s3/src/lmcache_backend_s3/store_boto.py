@@ -97,6 +97,9 @@ class BotoStore:
             config=botocore_config(self.opts),
             verify=self.opts.tls_verify,
         )
+        # botocore asks for "Expect: 100-continue" on every file-like body: one more round
+        # trip per put before the body goes (raw puts of bytes do not wait for it)
+        self.client.meta.events.register_last("before-call.s3", _no_expect_continue)
         try:  # a one-key listing: checks the bucket, the credentials and s3:ListBucket
             self._count("list")
             self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1)
@@ -308,6 +311,10 @@ class BotoStore:
         self._count("delete")
         self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
         return True
+
+
+def _no_expect_continue(params: dict[str, Any], **kwargs: Any) -> None:
+    params.get("headers", {}).pop("Expect", None)
 
 
 class _Body:
