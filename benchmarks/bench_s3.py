@@ -105,7 +105,8 @@ class Ours:
 
     def __init__(self, s3: LocalS3, conc: int, prefix: str) -> None:
         self.loop = asyncio.new_event_loop()
-        self.backend = S3Backend(s3.options(prefix, max_concurrency=conc), namespace=NS)
+        # io_nice 0: the raw baseline's threads run at normal priority too
+        self.backend = S3Backend(s3.options(prefix, max_concurrency=conc, io_nice=0), namespace=NS)
         self.loop.run_until_complete(self.backend.start())
 
     def put(self, keys: list[CacheEngineKey], values: list[torch.Tensor]) -> None:

@@ -334,7 +334,10 @@ class Tier:
             hits = await self._with_load_deadline(load, release)
             for h, buf, out in zip(hits, staging, outs, strict=True):
                 if h:
-                    out.copy_(buf)
+                    # (vLLM's buffers are inference tensors: an in-place copy outside
+                    # inference mode raises)
+                    with torch.inference_mode():
+                        out.copy_(buf)
             return hits
         finally:
             if not release.handed_over:

@@ -227,3 +227,26 @@ def test_secrets_never_shown(s3: LocalS3, monkeypatch: pytest.MonkeyPatch) -> No
     shown += run_async(body())
     assert s3.secret_access_key not in shown and s3.access_key_id not in shown
     assert "<redacted>" in repr(cfg.tiers[0].options)
+
+
+def test_deadline_load_into_inference_mode_buffers(s3: LocalS3, prefix: str) -> None:
+    """vLLM's buffers are inference tensors: a load with a deadline (staged, then copied)
+    must fill them (it raised 'Inplace update to inference tensor' and missed)."""
+
+    async def body() -> None:
+        h = _hierarchy(s3.options(prefix))
+        await h.start()
+        try:
+            key = make_key("inference")
+            value = random_tensor((4096,), torch.float32, seed=5)
+            assert await h.put(key, value)
+            with torch.inference_mode():
+                outs = [torch.empty(4096), torch.empty(4096)]
+            assert await h.get_into(key, outs[0])
+            assert await h.batched_get_into([key], outs[1:]) == [True]
+            assert all(same_bits(o, value) for o in outs)
+            assert h.stats()["tiers"][0]["errors"] == 0
+        finally:
+            await h.close()
+
+    run_async(body())
