@@ -125,5 +125,6 @@ def test_second_host_hits_what_the_first_computed(two_hosts: dict[str, Any]) -> 
         for p, q in zip(x["logprobs"], y["logprobs"], strict=True):
             assert abs(p - q) <= 1e-3
     loaded = b.worker("gen")["loaded_tokens_by_tier"]
-    assert loaded.get("remote", 0) == c.expected_hit(len(c.LONG)) + c.expected_hit(len(c.MID))
+    assert loaded.get("remote", 0) == chunks * c.CHUNK  # whole chunks, all from the bucket
+    assert b.worker("gen")["failed_chunks"] == 0
     assert loaded.get("disk", 0) == 0 and loaded.get("cpu", 0) == 0
