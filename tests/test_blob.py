@@ -4,7 +4,6 @@ own behaviour: layout, verification, prefix lookups, maintenance, start errors."
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -85,12 +84,14 @@ class TestDirBlobContract(
         return corrupt_blob
 
     @pytest.fixture
-    def backend_spec(self, root: str) -> dict[str, Any]:
+    def backend_spec(self, root: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         import os
 
+        # the child process imports blob_stores from this directory
         tests_dir = os.path.dirname(__file__)
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (tests_dir, os.environ.get("PYTHONPATH", "")) if p
+        monkeypatch.setenv(
+            "PYTHONPATH",
+            os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH", "")) if p),
         )
         return {
             "target": "blob_stores:DirBlobBackend",
@@ -240,4 +241,4 @@ def test_event_loop_free_with_sync_store(tmp_path: Path) -> None:
 def test_key_strings_never_escape_the_layout() -> None:
     key = CacheEngineKey("../../etc/passwd", 1, 0, 5, "float16")
     assert is_object_name(object_name(NS, key))
-    asyncio.run(asyncio.sleep(0))
+    assert object_name(NS, key).startswith(namespace_dir(NS) + "/")

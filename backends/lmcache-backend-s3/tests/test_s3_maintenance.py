@@ -4,7 +4,6 @@ at most ceil(log2 n) + 1 requests."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
@@ -135,4 +134,3 @@ def test_hierarchy_prefix_lookup_requests_are_logarithmic(s3: LocalS3, prefix: s
             await h.close()
 
     run_async(body())
-    asyncio.run(asyncio.sleep(0))
