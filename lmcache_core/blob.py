@@ -406,9 +406,9 @@ class BlobBackend(BaseBackend):
     def read_range(self, name: str, start: int, length: int) -> Any:
         """``length`` bytes of ``name`` from ``start`` (fewer at its end), or ``None``.
 
-        The default reads the whole object; override it where the store can read a part.
-        Called only by sync code paths when the store is sync, so a sync override of a
-        sync store is the common case."""
+        Used to read headers (``scan(read_headers=True)``). The default reads the whole
+        object with a sync ``read_object``; override it where the store can read a part,
+        and always when ``read_object`` is async."""
         data = self.read_object(name)
         if inspect.isawaitable(data):
             raise TypeError("an async read_object needs an async read_range override")
