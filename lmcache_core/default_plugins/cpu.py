@@ -278,35 +278,47 @@ class CPUBackend(BaseBackend):
         return [k in entries for k in keys]
 
     async def _get(self, key: CacheEngineKey) -> torch.Tensor | None:
-        entry = self._entries.get(key)
+        entry = self._acquire(key)
         if entry is None:
             return None
-        out = torch.empty(entry.shape, dtype=entry.dtype)
-        await self._read(key, entry, out)
+        try:
+            out = torch.empty(entry.shape, dtype=entry.dtype)
+            if entry.nbytes:
+                await self._copy(out, entry.buf)
+        finally:
+            self._unuse(entry)
         return out
 
     async def _get_into(self, key: CacheEngineKey, out: torch.Tensor) -> bool:
-        entry = self._entries.get(key)
+        entry = self._acquire(key, out)
         if entry is None:
             return False
-        if out.dtype != entry.dtype or out.shape != entry.shape:
-            raise BufferMismatchError(
-                f"output tensor is {out.dtype}{list(out.shape)}, stored chunk is "
-                f"{entry.dtype}{list(entry.shape)}"
-            )
-        await self._read(key, entry, out)
-        return True
-
-    async def _read(self, key: CacheEngineKey, entry: _Entry, out: torch.Tensor) -> None:
-        with self._lock:
-            if not entry.stale:
-                self._entries.move_to_end(key)
-            entry.users += 1
         try:
             if entry.nbytes:
                 await self._copy(out, entry.buf)
         finally:
             self._unuse(entry)
+        return True
+
+    def _acquire(self, key: CacheEngineKey, out: torch.Tensor | None = None) -> _Entry | None:
+        """The entry stored under ``key`` with one more reader, or ``None``.
+
+        Looked up and referenced under one acquisition of the lock: other threads store,
+        remove and unpin too, and an entry released between a lookup and its reference
+        would have its buffer recycled (and handed to another key) while it is read.
+        """
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            if out is not None and (out.dtype != entry.dtype or out.shape != entry.shape):
+                raise BufferMismatchError(
+                    f"output tensor is {out.dtype}{list(out.shape)}, stored chunk is "
+                    f"{entry.dtype}{list(entry.shape)}"
+                )
+            self._entries.move_to_end(key)
+            entry.users += 1
+            return entry
 
     async def _put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
         if value.device.type != "cpu":
