@@ -72,7 +72,10 @@ class PrefixLookup:
 
     ``num_hit`` leading keys are available; ``tiers[i]`` is the index of the fastest tier
     holding key ``i`` (for ``i < num_hit``). ``skipped`` names tiers that were failing or
-    missed their lookup deadline; ``leased`` counts the hits pinned by this lookup.
+    missed their lookup deadline; ``leased`` counts the hits pinned by this lookup and
+    ``pinned[i]`` (with ``lease_s``) says whether hit ``i`` is one of them. Release only
+    the pinned ones: :meth:`TieredHierarchy.release` ends one lease per key, whoever took
+    it, so releasing a key this lookup did not pin ends another caller's lease.
     """
 
     num_hit: int
@@ -80,6 +83,7 @@ class PrefixLookup:
     tier_names: tuple[str, ...] = field(repr=False)
     skipped: tuple[str, ...] = ()
     leased: int = 0
+    pinned: tuple[bool, ...] = ()
 
     def tier_of(self, i: int) -> str:
         """Name of the tier holding key ``i`` (``i < num_hit``)."""
@@ -316,7 +320,9 @@ class TieredHierarchy(BaseBackend):
             missing = still
         num_hit = missing[0] if missing else n
         leased = 0
+        pinned: tuple[bool, ...] = ()
         if lease_s is not None:
+            pinned = tuple(handles[i] is not None for i in range(num_hit))
             expiry = time.monotonic() + lease_s
             extra: list[tuple[int, float, object]] = []
             add = self.leases.add
@@ -341,6 +347,7 @@ class TieredHierarchy(BaseBackend):
             tier_names=self._tier_names,
             skipped=tuple(skipped),
             leased=leased,
+            pinned=pinned,
         )
 
     async def release(self, keys: Sequence[CacheEngineKey]) -> int:
@@ -734,7 +741,9 @@ class TieredHierarchy(BaseBackend):
             missing = still
         num_hit = missing[0] if missing else n
         leased = 0
+        pinned: tuple[bool, ...] = ()
         if lease_s is not None:
+            pinned = tuple(handles[i] is not None for i in range(num_hit))
             expiry = time.monotonic() + lease_s
             extra: list[tuple[int, float, object]] = []
             grant: list[tuple[CacheEngineKey, tuple[int, float, object]]] = []
@@ -759,6 +768,7 @@ class TieredHierarchy(BaseBackend):
             tier_names=self._tier_names,
             skipped=(),
             leased=leased,
+            pinned=pinned,
         )
 
     def _start_sweeper_threadsafe(self) -> None:

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 from collections import OrderedDict
@@ -74,8 +75,12 @@ class CPUOptions:
     )
 
 
+#: Install counter shared by every cpu backend of the process (pin_order of an entry).
+_INSTALLS = itertools.count(1)
+
+
 class _Entry:
-    __slots__ = ("buf", "dtype", "nbytes", "shape", "stale", "users")
+    __slots__ = ("buf", "dtype", "nbytes", "pin_order", "shape", "stale", "users")
 
     def __init__(self, buf: torch.Tensor, dtype: torch.dtype, shape: torch.Size) -> None:
         self.buf = buf  # flat uint8
@@ -84,6 +89,9 @@ class _Entry:
         self.nbytes = buf.numel()
         self.users = 0
         self.stale = False
+        # set when installed, under the backend's lock: later entries have larger numbers
+        # (the lease table ends leases on older entries of a key first)
+        self.pin_order = 0
 
     def view(self) -> torch.Tensor:
         if self.nbytes == 0:
@@ -387,6 +395,7 @@ class CPUBackend(BaseBackend):
 
     def _install(self, key: CacheEngineKey, entry: _Entry) -> None:
         with self._lock:
+            entry.pin_order = next(_INSTALLS)
             old = self._entries.pop(key, None)
             self._entries[key] = entry
             self._used += entry.nbytes

@@ -3,7 +3,15 @@ in its tier until ``release`` or the lease expires, so eviction between lookup a
 cannot turn a promised hit into a miss.
 
 A tier that can pin provides ``pin(key) -> handle | None`` and ``unpin(handle)``; the
-table keeps the handles. The table is safe to use from any thread (the hierarchy takes
+table keeps the handles.
+
+Leases are anonymous: ``release(keys)`` ends one lease per key, not a given caller's. When
+several leases on one key are outstanding they may hold different entries (the key was
+overwritten between two lookups, or found in different tiers), and ending the wrong one
+would leave a caller's promised hit unpinned. So a key's leases are kept in release order:
+deepest tier first, then the oldest entry (a handle's ``pin_order``, an integer a tier
+may give its handles that grows with each entry it stores). What stays pinned is then
+always the newest entry in the highest tier, which every holder's top-down load finds. The table is safe to use from any thread (the hierarchy takes
 and ends leases from its callers' threads on its thread-safe fast path, and expires them
 on its event loop): every method runs under one lock.
 """
@@ -19,6 +27,10 @@ __all__ = ["Lease", "LeaseTable"]
 
 #: One lease: (tier index, expiry on the monotonic clock, the tier's pin handle).
 Lease = tuple[int, float, object]
+
+
+def _release_rank(lease: Lease) -> tuple[int, int]:
+    return (-lease[0], getattr(lease[2], "pin_order", 0))
 
 
 class LeaseTable:
@@ -42,7 +54,13 @@ class LeaseTable:
         if lst is None:
             self._leases[key] = [lease]
         else:
-            lst.append(lease)
+            # keep release order (see the module docstring): after every lease that is to
+            # end before this one
+            rank = _release_rank(lease)
+            pos = len(lst)
+            while pos and _release_rank(lst[pos - 1]) > rank:
+                pos -= 1
+            lst.insert(pos, lease)
         self._count += 1
         self.granted += 1
 
@@ -58,7 +76,8 @@ class LeaseTable:
             return True
 
     def release(self, keys: Iterable[CacheEngineKey]) -> list[Lease]:
-        """Drop one lease per key (the oldest); return them (their pins are to be undone)."""
+        """Drop one lease per key (the first in release order: deepest tier, then oldest
+        entry); return them (their pins are to be undone)."""
         out: list[Lease] = []
         with self._lock:
             leases = self._leases
