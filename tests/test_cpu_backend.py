@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from lmcache_core import ConfigError, CPUBackend, SizeFormatError, parse_bytes
+from lmcache_core.default_plugins.host_buffers import ENTRY_OVERHEAD
 from lmcache_core.testing import make_key, random_tensor, run_async, same_bits
 
 MiB = 1 << 20
+ENTRY = MiB + ENTRY_OVERHEAD  # what one 1 MiB entry takes of max_bytes
 
 
 def test_accepts_human_sizes_and_rejects_bad_ones() -> None:
@@ -41,7 +43,7 @@ def test_pin_memory_true_without_cuda_is_a_clear_error() -> None:
 
 def test_lru_eviction_order_and_stats() -> None:
     async def body() -> None:
-        b = CPUBackend({"max_bytes": 4 * MiB})
+        b = CPUBackend({"max_bytes": 4 * ENTRY})
         await b.start()
         keys = [make_key(f"e{i}") for i in range(4)]
         vals = [random_tensor((MiB,), torch.uint8, seed=i) for i in range(4)]
@@ -52,7 +54,8 @@ def test_lru_eviction_order_and_stats() -> None:
         assert not await b.contains(keys[1]), "least recently used entry should go first"
         assert await b.contains(keys[0])
         s = b.stats()
-        assert s["evictions"] == 1 and s["used_bytes"] <= 4 * MiB and s["entries"] == 4
+        assert s["evictions"] == 1 and s["used_bytes"] == 4 * ENTRY and s["entries"] == 4
+        assert s["data_bytes"] == 4 * MiB
         await b.close()
 
     run_async(body())
@@ -83,7 +86,7 @@ def test_entry_being_read_is_not_evicted() -> None:
 
 def test_eviction_listener_sees_evicted_value() -> None:
     async def body() -> None:
-        b = CPUBackend({"max_bytes": 2 * MiB})
+        b = CPUBackend({"max_bytes": 2 * ENTRY})
         seen: list[tuple[object, torch.Tensor]] = []
         b.set_eviction_listener(lambda k, t: seen.append((k, t.clone())))
         await b.start()
@@ -110,9 +113,9 @@ def test_buffers_are_reused() -> None:
         assert b._entries[k].buf.data_ptr() == buf_ptr
         assert same_bits(await b.get(k), v1)
         s = b.stats()
-        assert s["recycled_bytes"] == 0 and s["used_bytes"] == MiB
+        assert s["recycled_bytes"] == 0 and s["used_bytes"] == ENTRY
         await b.put(k, random_tensor((2 * MiB,), torch.uint8, seed=2))  # other size: new buffer
-        assert b.stats()["recycled_bytes"] == MiB
+        assert b.stats()["recycled_bytes"] == ENTRY
         await b.put(make_key("r2"), random_tensor((MiB,), torch.uint8, seed=3))
         assert b.stats()["recycled_bytes"] == 0, "the freed buffer should be reused"
         await b.close()
