@@ -157,7 +157,7 @@ def test_namespace_json_and_digest() -> None:
     assert ns.digest() == Namespace.from_json(text_).digest()
     assert len(ns.digest()) == 16
     assert ns.digest() != Namespace(model_name="m", block_size=16, chunk_size=128).digest()
-    assert '"format_version":1' in text_
+    assert '"format_version":2' in text_  # NAMESPACE_VERSION (typed extra keys, issue 10)
     for field in ("model_revision", "kv_layout", "hash_algorithm", "hash_salt_id", "codec"):
         assert f'"{field}"' in text_
 
