@@ -313,7 +313,7 @@ class CacheConfig:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(TopLevelSettings):
             if f.name != "tiers":
-                out[f.name] = getattr(self, f.name)
+                out[f.name] = _plain(getattr(self, f.name))
         if redact and self.hash_salt is not None:
             out["hash_salt"] = REDACTED
         tiers = []
@@ -351,9 +351,14 @@ def _options_dict(options: Any) -> tuple[dict[str, Any], set[str]]:
     """Typed options as a dict, and the names of its ``secret`` options."""
     if dataclasses.is_dataclass(options) and not isinstance(options, type):
         fields = dataclasses.fields(options)
-        values = {f.name: getattr(options, f.name) for f in fields}
+        values = {f.name: _plain(getattr(options, f.name)) for f in fields}
         return values, {f.name for f in fields if f.metadata.get("kind") == "secret"}
-    return dict(options), set()
+    return {k: _plain(v) for k, v in options.items()}, set()
+
+
+def _plain(value: Any) -> Any:
+    """A str subclass (HiddenText, URLText) as a plain str, for YAML and JSON output."""
+    return str(value) if isinstance(value, str) else value
 
 
 def _redact_path(doc: dict[str, Any], path: str) -> None:
@@ -411,27 +416,34 @@ def load_config(
     try:
         cfg = _load(source, registry, environ, import_backend_classes, secrets)
     except ConfigError as exc:
-        raise _without_secrets(exc, secrets) from None
+        error = _without_secrets(exc, secrets)
+        if error is exc:
+            raise
     except (ValueError, TypeError, LookupError, AttributeError, OverflowError) as exc:
         # a defect of ours or of a plugin: still a configuration error, and still scrubbed
-        raise _without_secrets(
+        error = _without_secrets(
             ConfigError(f"invalid configuration ({type(exc).__name__}: {exc})"), secrets
-        ) from None
+        )
     except RecursionError:
-        raise ConfigError("the configuration is nested too deeply") from None
-    register_secrets(secrets)
-    return cfg
+        error = ConfigError("the configuration is nested too deeply")
+    else:
+        register_secrets(secrets)
+        return cfg
+    # raised outside the handlers: an error that quoted a secret is not kept as context
+    raise error
 
 
 def _without_secrets(exc: ConfigError, secrets: Sequence[str]) -> ConfigError:
     """``exc``, or a copy whose message (and cause chain) carries none of ``secrets``."""
     text = exc.reason
     clean = scrub_text(text, secrets)
-    cause: BaseException | None = exc.__cause__
+    linked: BaseException | None = exc.__cause__ or exc.__context__
     leaked = False
-    while cause is not None and not leaked:
-        leaked = scrub_text(str(cause), secrets) != str(cause)
-        cause = cause.__cause__
+    for _ in range(16):  # the causes and contexts it carries
+        if linked is None or leaked:
+            break
+        leaked = scrub_text(str(linked), secrets) != str(linked)
+        linked = linked.__cause__ or linked.__context__
     if clean == text and not leaked:
         return exc
     return ConfigError(clean, exc.path)

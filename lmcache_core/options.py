@@ -19,9 +19,19 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .errors import ConfigError, SizeFormatError
+from .redaction import REDACTED, redact_url, url_password
 from .sizes import format_bytes, parse_bytes
 
-__all__ = ["INT_RANGE", "REDACTED", "build_options", "describe_options", "option", "shown"]
+__all__ = [
+    "INT_RANGE",
+    "REDACTED",
+    "HiddenText",
+    "URLText",
+    "build_options",
+    "describe_options",
+    "option",
+    "shown",
+]
 
 T = TypeVar("T")
 _KINDS = ("int", "float", "bool", "str", "bytes", "path", "secret", "dict", "list")
@@ -29,8 +39,28 @@ _KINDS = ("int", "float", "bool", "str", "bytes", "path", "secret", "dict", "lis
 #: integer: larger values overflow the C code they reach).
 INT_RANGE = (-(2**63), 2**63 - 1)
 _MAX_INT_TEXT = 40  # digits of an int given as text
-#: What a secret value is shown as.
-REDACTED = "<redacted>"
+
+
+class HiddenText(str):
+    """A text option whose ``repr()`` hides it: a secret, or a value read from ``$env``.
+
+    It is a ``str`` (equal to, and used as, the value itself); only ``repr()`` (and so the
+    ``repr()`` of the Options holding it) shows ``'<redacted>'``.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return repr(REDACTED)
+
+
+class URLText(str):
+    """A text option holding a URL with a password: ``repr()`` shows it redacted."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return repr(redact_url(str(self)))
 
 
 def shown(value: Any, kind: str = "") -> str:
@@ -87,16 +117,28 @@ def option(
 def _coerce(
     name: str, value: Any, meta: Mapping[str, Any], path: str, hidden: Collection[str] = ()
 ) -> Any:
-    kind = meta["kind"]
     where = f"{path}.{name}" if path else name
-    if where in hidden and kind != "secret":
-        try:
-            return _coerce(name, value, meta, path)
-        except ConfigError as exc:  # say why, without the value
-            reason = exc.reason.replace(shown(value), REDACTED)
-            if isinstance(value, str) and len(value) >= 3:
-                reason = reason.replace(value, REDACTED)
-            raise ConfigError(f"{reason} (value from $env, not shown)", where) from None
+    if meta["kind"] != "secret" and where not in hidden:
+        out = _coerce_value(value, meta, where)
+        if isinstance(out, str) and "://" in out and url_password(out):
+            return URLText(out)
+        return out
+    error = None
+    try:
+        out = _coerce_value(value, meta, where)
+        return HiddenText(out) if isinstance(out, str) else out
+    except ConfigError as exc:  # say why, without the value
+        reason = exc.reason.replace(shown(value), REDACTED)
+        if isinstance(value, str) and len(value) >= 3:
+            reason = reason.replace(value, REDACTED)
+        if where in hidden:
+            reason += " (value from $env, not shown)"
+        error = ConfigError(reason, where)
+    raise error  # outside the handler: the original (which quotes it) is not its context
+
+
+def _coerce_value(value: Any, meta: Mapping[str, Any], where: str) -> Any:
+    kind = meta["kind"]
     if value is None:
         if meta["nullable"]:
             return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 import torch
@@ -137,6 +138,102 @@ def test_pinned_buffers_and_device_values_when_cuda_is_available() -> None:  # p
         out = torch.empty(MiB, dtype=torch.uint8, device="cuda")
         assert await b.get_into(k, out)
         assert torch.equal(out.cpu(), v.cpu())
+        await b.close()
+
+    run_async(body())
+
+
+def test_mixed_size_put_storm_never_crashes() -> None:
+    """Issue 10: an emptied size bucket left in the free pool made a later put raise
+    ``IndexError: pop from empty list``."""
+
+    async def body() -> None:
+        b = CPUBackend({"max_bytes": MiB})
+        await b.start()
+        rng = random.Random(1)
+        sizes = [0, 1, 7, 100, 4096, 65536, 300_000]
+        src = torch.zeros(300_000, dtype=torch.uint8)
+        for _ in range(3000):
+            await b.put(make_key(f"k{rng.randrange(200)}"), src[: rng.choice(sizes)])
+        s = b.stats()
+        assert s["used_bytes"] + s["recycled_bytes"] <= MiB
+        await b.close()
+
+    run_async(body())
+
+
+def test_zero_byte_values_are_bounded() -> None:
+    """Issue 10: 0-byte values cost nothing against the bound, so any number was kept."""
+
+    async def body() -> None:
+        b = CPUBackend({"max_bytes": 64 * 1024})
+        await b.start()
+        empty = torch.empty(0, dtype=torch.float16)
+        keys = [make_key(f"z{i}") for i in range(1000)]
+        for k in keys:
+            assert await b.put(k, empty)
+        s = b.stats()
+        assert s["entries"] == 64 * 1024 // b.entry_cost(0) < 1000
+        assert s["used_bytes"] <= 64 * 1024
+        got = await b.get(keys[-1])  # the newest are kept, and read back as stored
+        assert got is not None and got.shape == (0,) and got.dtype == torch.float16
+        await b.close()
+
+    run_async(body())
+
+
+def test_every_entry_is_charged_its_overhead() -> None:
+    async def body() -> None:
+        b = CPUBackend({"max_bytes": 8 * MiB})
+        await b.start()
+        assert b.entry_cost(0) == ENTRY_OVERHEAD
+        assert b.entry_cost(1) >= 1 + ENTRY_OVERHEAD
+        for i, n in enumerate((1, 100, 4096, MiB)):
+            await b.put(make_key(f"o{i}"), torch.zeros(n, dtype=torch.uint8))
+        s = b.stats()
+        assert s["data_bytes"] == 1 + 100 + 4096 + MiB
+        assert s["used_bytes"] == sum(b.entry_cost(n) for n in (1, 100, 4096, MiB))
+        await b.close()
+
+    run_async(body())
+
+
+def test_a_donated_view_of_a_larger_tensor_is_copied() -> None:
+    """Keeping a donated slice would keep its whole storage alive, uncounted."""
+
+    async def body() -> None:
+        b = CPUBackend({"max_bytes": 8 * MiB})
+        await b.start()
+        big = random_tensor((4 * MiB,), torch.uint8, seed=3)
+        part = big[MiB : 2 * MiB]
+        kv, kw = make_key("view"), make_key("whole")
+        assert await b.put(kv, part, donate=True)
+        kept = b._entries[kv].buf
+        assert kept.untyped_storage().nbytes() < 4 * MiB
+        assert same_bits(await b.get(kv), part)
+        whole = random_tensor((MiB,), torch.uint8, seed=4)
+        assert await b.put(kw, whole, donate=True)  # its own storage: kept as is
+        assert b._entries[kw].buf.data_ptr() == whole.data_ptr()
+        await b.close()
+
+    run_async(body())
+
+
+def test_freed_large_buffers_are_reused_for_other_sizes() -> None:
+    """A freed memory map is resized for a value of another size instead of a new one."""
+
+    async def body() -> None:
+        b = CPUBackend({"max_bytes": 4 * MiB})
+        await b.start()
+        ka, kb = make_key("a"), make_key("b")
+        await b.put(ka, torch.ones(3 * MiB, dtype=torch.uint8))
+        ptr = b._entries[ka].buf.data_ptr()
+        await b.put(kb, torch.full((2 * MiB,), 7, dtype=torch.uint8))  # evicts a
+        assert not await b.contains(ka)
+        assert b._entries[kb].buf.data_ptr() == ptr  # a's memory, shrunk in place
+        assert same_bits(await b.get(kb), torch.full((2 * MiB,), 7, dtype=torch.uint8))
+        s = b.stats()
+        assert s["used_bytes"] + s["recycled_bytes"] <= 4 * MiB
         await b.close()
 
     run_async(body())
