@@ -237,3 +237,24 @@ def test_freed_large_buffers_are_reused_for_other_sizes() -> None:
         await b.close()
 
     run_async(body())
+
+
+def test_oversize_keys_are_refused_at_put() -> None:
+    """Issue 10: a key whose string exceeded the object header limit was stored but could
+    never be read back (file tiers); every backend now refuses it at put, clearly."""
+    from lmcache_core import KeyFormatError, TieredHierarchy
+    from lmcache_core.keys import MAX_KEY_BYTES, CacheEngineKey
+
+    huge = CacheEngineKey("m" * (MAX_KEY_BYTES + 1), 1, 0, 1, "float16")
+
+    async def body() -> None:
+        for backend in (CPUBackend(), TieredHierarchy.from_config(None)):
+            await backend.start()
+            with pytest.raises(KeyFormatError, match="longer than"):
+                await backend.put(huge, torch.zeros(4))
+            with pytest.raises(KeyFormatError):
+                await backend.batched_put([make_key("ok"), huge], [torch.zeros(4)] * 2)
+            assert await backend.get(huge) is None
+            await backend.close()
+
+    run_async(body())
