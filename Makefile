@@ -8,7 +8,7 @@ STAGE  := tools/stage
 # Every first-party distribution in the repository (backends/*, plugins/*).
 DISTS  := $(patsubst %/,%,$(sort $(dir $(wildcard backends/*/pyproject.toml plugins/*/pyproject.toml))))
 
-.PHONY: venv demo test lint typecheck pytest bench clean
+.PHONY: venv demo test lint typecheck pytest bench faults clean
 
 venv: $(STAMP)
 
@@ -38,6 +38,11 @@ test: lint typecheck pytest
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
+
+# The full fault campaign (docs/reliability.md); `make test` runs a bounded sample of it.
+FAULT_DIRS := $(wildcard tests/faults backends/lmcache-backend-disk/tests/faults)
+faults: $(STAMP)
+	LMCACHE_FAULTS_FULL=1 $(BIN)/python -m pytest $(FAULT_DIRS) -q -s
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
