@@ -49,7 +49,8 @@ class CPUOptions:
 
     max_bytes: int = option(
         "1GiB",
-        doc="Capacity in bytes (accepts '8GiB'); LRU eviction beyond it.",
+        doc="Capacity in bytes (accepts '8GiB'), counting each entry's overhead (~1 KiB); "
+        "LRU eviction beyond it.",
         kind="bytes",
         minimum=1,
     )
