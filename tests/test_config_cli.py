@@ -32,8 +32,7 @@ def test_check_accepts_a_valid_file_and_opens_nothing(tmp_path: Path) -> None:
     store = tmp_path / "store"  # the scannable backend creates it when started
     marker = tmp_path / "imported"  # written when the backend_class module is imported
     (tmp_path / "marking_backend.py").write_text(
-        f"open({str(marker)!r}, 'w').close()\n"
-        "from test_hierarchy_fakes import ScannableBackend\n"
+        f"open({str(marker)!r}, 'w').close()\nfrom test_hierarchy_fakes import ScannableBackend\n"
     )
     env = {"PYTHONPATH": f"{TESTS}{os.pathsep}{tmp_path}"}
     doc = {
