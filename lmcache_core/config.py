@@ -599,7 +599,7 @@ def _parse_text(text: str, origin: str, json_first: bool) -> Any:
     except (ValueError, OverflowError, TypeError) as exc:
         # a scalar the YAML resolver accepts but cannot convert: a 5000-digit integer,
         # a date such as 2001-02-30
-        raise ConfigError(f"{origin}: invalid YAML value: {type(exc).__name__}") from None
+        raise ConfigError(f"{origin}: invalid YAML value: {str(exc)[:120]}") from None
     return {} if doc is None else doc
 
 
