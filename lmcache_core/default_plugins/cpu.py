@@ -1,9 +1,13 @@
 """The built-in ``cpu`` backend: a byte-bounded LRU of host-memory buffers.
 
-* Bounded by ``max_bytes`` (live entries + recycled buffers never exceed it); the least
-  recently used entries are evicted to make room, never one that is being read or written.
-* Buffers are recycled by size, so steady-state stores do not allocate (fresh memory costs
-  page faults: ~2 GB/s here against ~11 GB/s for a copy into reused memory).
+* Bounded by ``max_bytes`` (live entries + recycled buffers never exceed it), each entry
+  charged what it really takes: its buffer as allocated plus a per-entry overhead, so
+  0-byte values are bounded too (:mod:`.host_buffers`). The least recently used entries
+  are evicted to make room, never one that is being read or written.
+* Buffers are recycled (by size, or a freed memory map resized), so steady-state stores do
+  not allocate (fresh memory costs page faults: ~2 GB/s here against ~11 GB/s for a copy
+  into reused memory); large buffers are memory maps, returned to the system when dropped,
+  so RSS follows the bound under mixed sizes.
 * Pinned (page-locked) memory when CUDA is available (``pin_memory: auto``), pageable
   otherwise: CPU-only torch raises on pinning.
 * Copies up to ``inline_copy_bytes`` run on the event loop (a thread hop would cost more
@@ -166,12 +170,8 @@ class CPUBackend(BaseBackend):
     # The bound: self._used (live entries, stale ones until released) + self._pool.bytes
     # (recycled buffers) + self._reserved (buffers being filled) <= max_bytes, each
     # buffer charged its Buffer.cost (see host_buffers.py).
-    def _alloc(self, nbytes: int) -> Buffer | None:
-        """A buffer for ``nbytes``, recycled when possible; ``None`` if no room (or memory)."""
-        with self._lock:
-            return self._alloc_locked(nbytes)
-
     def _alloc_locked(self, nbytes: int) -> Buffer | None:
+        """A buffer for ``nbytes``, recycled when possible; ``None`` if no room (or memory)."""
         pool = self._pool
         buf = pool.take(nbytes)
         if buf is not None:
@@ -226,10 +226,6 @@ class CPUBackend(BaseBackend):
             entry.users -= 1
             if entry.stale and entry.users == 0:
                 self._free_entry(entry)
-
-    def _evict_one(self) -> bool:
-        with self._lock:
-            return self._evict_one_locked()
 
     def _evict_one_locked(self) -> bool:
         for key, entry in self._entries.items():
