@@ -239,7 +239,9 @@ def build_options(
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(shown(k) for k in values if k not in fields)
     if unknown:
-        raise ConfigError(f"unknown option(s) [{', '.join(unknown)}]; known: {sorted(fields)}", path)
+        raise ConfigError(
+            f"unknown option(s) [{', '.join(unknown)}]; known: {sorted(fields)}", path
+        )
     kwargs = {}
     for name, f in fields.items():
         if name in values:

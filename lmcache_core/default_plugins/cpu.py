@@ -171,26 +171,27 @@ class CPUBackend(BaseBackend):
     # (recycled buffers) + self._reserved (buffers being filled) <= max_bytes, each
     # buffer charged its Buffer.cost (see host_buffers.py).
     def _alloc_locked(self, nbytes: int) -> Buffer | None:
-        """A buffer for ``nbytes``, recycled when possible; ``None`` if no room (or memory)."""
+        """A buffer for ``nbytes``, recycled when possible; ``None`` if no room (or memory).
+
+        Entries are evicted only while even an empty pool would leave no room; each
+        eviction's buffer joins the pool, and the best pooled buffer is then reused (one of
+        the exact size, else a map resized), the rest dropped as far as the bound needs.
+        """
         pool = self._pool
         buf = pool.take(nbytes)
         if buf is not None:
             return buf  # its cost moves from the pool to the caller: the total is unchanged
         cost = pool.cost(nbytes)
-        while self._used + pool.bytes + self._reserved + cost > self.max_bytes:
-            if buf is None:
-                buf = pool.take_resized(nbytes)
-                if buf is not None:
-                    continue
-            if pool.count:
-                pool.drop_one()
-                continue
+        while self._used + self._reserved + cost > self.max_bytes:
             if not self._evict_one_locked():
                 return None
-            if buf is None:
-                buf = pool.take(nbytes)
-                if buf is not None:
-                    return buf
+            buf = pool.take(nbytes)
+            if buf is not None:
+                return buf
+        if self._used + pool.bytes + self._reserved + cost > self.max_bytes:
+            buf = pool.take_resized(nbytes)
+        while pool.count and self._used + pool.bytes + self._reserved + cost > self.max_bytes:
+            pool.drop_one()
         if buf is not None:
             return buf
         try:

@@ -137,20 +137,22 @@ class BufferPool:
         return Buffer(full[:nbytes] if cap != nbytes else full, cap, None)
 
     def take_resized(self, nbytes: int) -> Buffer | None:
-        """The largest pooled map, resized (``mremap``) to fit ``nbytes``; ``None`` if none.
+        """A pooled map resized (``mremap``) to fit ``nbytes``; ``None`` if there is none.
 
-        Shrinking releases the pages beyond the new size; growing maps new pages that
-        fault in when written. Only for values that are held as maps.
+        The smallest map at least as large is taken (shrinking only releases pages), else
+        the largest (growing maps new pages, which fault in when written: the fewer the
+        better). Only for values that are held as maps.
         """
         if not self._maps or not self.mapped(nbytes):
             return None
-        size = max(self._maps)
+        cap = self.capacity(nbytes)
+        larger = [c for c in self._maps if c >= cap]
+        size = min(larger) if larger else max(self._maps)
         maps = self._maps[size]
         mm = maps.pop()
         if not maps:
             del self._maps[size]
         self._forget(size)
-        cap = self.capacity(nbytes)
         try:
             mm.resize(cap)
         except (BufferError, OSError, ValueError, SystemError):
