@@ -37,8 +37,8 @@ REDACTED = "<redacted>"
 #: Shorter texts are not registered (see the module docstring).
 MIN_SECRET_LEN = 4
 _MAX_SECRETS = 1024
-_PLAIN_VALUE = re.compile(
-    r"[+-]?[0-9][0-9_.]*(?:[eE][+-]?[0-9]+)?\s*[A-Za-z]{0,3}|true|false|yes|no|on|off|null|none",
+_PLAIN_VALUE = re.compile(  # a number or size ("8GiB", "1.5e3", "512 MB"), or a boolean
+    r"[+-]?[0-9][0-9_.]*(?:e[+-]?[0-9]+)?\s*(?:[kmgt]i?b?|b)?|true|false|yes|no|on|off|null|none",
     re.IGNORECASE,
 )
 

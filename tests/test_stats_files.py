@@ -79,3 +79,16 @@ def test_the_connector_helper_scrubs_too(tmp_path: Path) -> None:
     write_stats(str(tmp_path), "w.json", {"error": "cannot reach s3://user:hunter23@bucket/kv"})
     text = (tmp_path / "w.json").read_text()
     assert "hunter23" not in text and "<redacted>" in text
+
+
+def test_what_counts_as_secret_text() -> None:
+    from lmcache_core.redaction import redact_url, scrub_text, secret_forms
+
+    for plain in ("8GiB", "512 MB", "1.5e3", "true", "off", "abc"):
+        assert secret_forms(plain) == [], plain  # numbers, sizes, booleans, short texts
+    assert secret_forms("1234abc") == ["1234abc"]
+    forms = secret_forms("~/kv-data")  # a path also under the forms a backend would show
+    assert forms[0] == "~/kv-data" and os.path.expanduser("~/kv-data") in forms
+    assert scrub_text("open /srv/kv-9f failed", ["/srv/kv-9f"]) == "open <redacted> failed"
+    assert redact_url("s3://u:pw@h:99999/b") == "s3://u:<redacted>@h:99999/b"  # no ValueError
+    assert redact_url("s3://[::1/b") == "s3://[::1/b"
