@@ -331,7 +331,9 @@ def check_key_size(key: CacheEngineKey) -> None:
     built when its parts could come near the limit.
     """
     m, _, _, dt, tags = key._base
-    chars = len(m) + len(dt) + sum(len(a) + len(b) for a, b in tags)
+    chars = len(m) + len(dt)
+    if tags:
+        chars += sum(len(a) + len(b) for a, b in tags)
     if chars * 12 + 256 <= MAX_KEY_BYTES:  # an escaped char takes at most 12 bytes
         return
     size = len(key.to_string().encode("utf-8"))

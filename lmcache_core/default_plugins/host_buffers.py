@@ -84,13 +84,11 @@ class BufferPool:
 
     def capacity(self, nbytes: int) -> int:
         """Bytes a buffer for an ``nbytes`` value occupies."""
-        if nbytes == 0:
-            return 0
         if self.pin:
-            return 1 << (nbytes - 1).bit_length()
+            return 1 << (nbytes - 1).bit_length() if nbytes else 0
         if nbytes >= self.map_min:
-            return _round(nbytes, _PAGE)
-        return _round(nbytes, _ALIGN)
+            return -(-nbytes // _PAGE) * _PAGE
+        return -(-nbytes // _ALIGN) * _ALIGN
 
     def cost(self, nbytes: int) -> int:
         """What an entry holding an ``nbytes`` value is charged."""
@@ -115,6 +113,8 @@ class BufferPool:
 
     def take(self, nbytes: int) -> Buffer | None:
         """A pooled buffer of exactly the capacity ``nbytes`` needs, or ``None``."""
+        if not self.count:
+            return None
         cap = self.capacity(nbytes)
         if cap == 0:
             return None
