@@ -235,7 +235,7 @@ class TieredHierarchy(BaseBackend):
             if not missing:
                 break
             sub = keys if len(missing) == n else [keys[i] for i in missing]
-            found = await t.batched_contains(sub)
+            found = await t.contains_prefix(sub)
             if found is None:
                 skipped.append(t.name)
                 continue
