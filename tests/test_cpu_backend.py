@@ -258,3 +258,17 @@ def test_oversize_keys_are_refused_at_put() -> None:
             await backend.close()
 
     run_async(body())
+
+
+def test_oversize_keys_are_refused_by_the_thread_safe_put_too() -> None:
+    from lmcache_core import KeyFormatError, SyncBackend
+    from lmcache_core.keys import MAX_KEY_BYTES, CacheEngineKey
+
+    huge = CacheEngineKey("m" * (MAX_KEY_BYTES + 1), 1, 0, 1, "float16")
+    b = CPUBackend()
+    assert b.try_batched_put_threadsafe([huge], [torch.zeros(4)]) is None  # not started
+    with SyncBackend(b) as sb:
+        assert b.try_batched_put_threadsafe([huge], [torch.zeros(4)]) == [None]  # undecided
+        with pytest.raises(KeyFormatError, match="longer than"):
+            sb.batched_put([huge], [torch.zeros(4)])
+        assert b.stats()["entries"] == 0

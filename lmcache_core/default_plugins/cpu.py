@@ -14,10 +14,12 @@
   than the copy); larger ones run in a worker thread. The loop yields at least every
   ``yield_every_bytes`` of inline copying so other tasks are never starved.
 * ``pin(key)`` / ``unpin(handle)`` keep an entry from eviction (the hierarchy's lookup
-  leases use them). ``try_batched_get_into_threadsafe`` serves loads from any thread
-  without the event loop (:class:`~lmcache_core.SyncBackend` uses it): the index and
-  reference counts are guarded by a lock that the loop-side bookkeeping also takes; the
-  copies themselves run outside it.
+  leases use them). ``try_batched_get_into_threadsafe``, ``try_batched_contains_threadsafe``
+  and ``try_batched_put_threadsafe`` serve loads, lookups and stores from any thread
+  without the event loop (:class:`~lmcache_core.SyncBackend` uses them; see
+  :class:`~lmcache_core.sync.ThreadSafeFastPaths`): the index, reference counts and byte
+  accounting are guarded by a lock that the loop-side bookkeeping also takes; the copies
+  themselves run outside it, into buffers no reader can see yet.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from typing import Any
 import torch
 
 from ..backend import BaseBackend, Capabilities
-from ..errors import BufferMismatchError, ConfigError
-from ..keys import CacheEngineKey, Namespace
+from ..errors import BufferMismatchError, ConfigError, KeyFormatError
+from ..keys import CacheEngineKey, Namespace, check_key_size
 from ..memory import copy_into
 from ..options import build_options, option
 from .host_buffers import Buffer, BufferPool
@@ -42,6 +44,8 @@ from .host_buffers import Buffer, BufferPool
 __all__ = ["CPUBackend", "CPUOptions"]
 
 log = logging.getLogger("lmcache_core.cpu")
+
+_KEY_TYPES = {CacheEngineKey}
 
 #: ``listener(key, tensor) -> bool | None``; returning ``True`` takes the tensor's memory.
 EvictionListener = Callable[[CacheEngineKey, torch.Tensor], "bool | None"]
@@ -103,6 +107,14 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
 
 
+def _too_long(key: CacheEngineKey) -> bool:
+    try:
+        check_key_size(key)
+    except KeyFormatError:
+        return True
+    return False
+
+
 def _owns_storage(t: torch.Tensor, nbytes: int) -> bool:
     """Whether ``t`` spans its whole storage (keeping it keeps nothing else alive)."""
     return t.storage_offset() == 0 and t.untyped_storage().nbytes() == nbytes
@@ -113,6 +125,10 @@ class CPUBackend(BaseBackend):
 
     Options = CPUOptions
     capabilities = Capabilities(bounded=True, zero_copy=False)
+    # Counters of stores made from other threads (try_batched_put_threadsafe), under _lock.
+    _thread_puts = 0
+    _thread_put_bytes = 0
+    _thread_rejected_puts = 0
 
     def __init__(
         self, options: Any = None, *, namespace: Namespace | None = None, name: str | None = None
@@ -427,14 +443,27 @@ class CPUBackend(BaseBackend):
 
     def pin_many(self, keys: Sequence[CacheEngineKey]) -> list[object | None]:
         """:meth:`pin` for each key, under one acquisition of the lock."""
+        out: list[object | None] = []
         with self._lock:
-            return [self.pin(k) for k in keys]
+            get = self._entries.get
+            for k in keys:
+                entry = get(k)
+                if entry is not None:
+                    entry.users += 1
+                    self._npins += 1
+                out.append(entry)
+        return out
 
     def unpin_many(self, handles: Sequence[object]) -> None:
-        """:meth:`unpin` for each handle, under one acquisition of the lock."""
+        """:meth:`unpin` for each handle, under one acquisition of the lock (all handles
+        are checked first: a foreign one raises ``TypeError`` with nothing undone)."""
+        for h in handles:
+            if not isinstance(h, _Entry):
+                raise TypeError(f"not a pin handle of this backend: {h!r}")
         with self._lock:
             for h in handles:
-                self.unpin(h)
+                self._npins -= 1
+                self._unuse(h)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ thread-safe loads
     def try_batched_get_into_threadsafe(
@@ -485,6 +514,96 @@ class CPUBackend(BaseBackend):
             results.append(True if ok else None)
         return results
 
+    # ------------------------------------------------------------------ thread-safe lookups
+    def try_batched_contains_threadsafe(
+        self, keys: Sequence[CacheEngineKey]
+    ) -> list[bool | None] | None:
+        """``contains`` for each key from the calling thread, without the event loop.
+
+        One acquisition of the index lock for the whole batch. ``None`` overall when the
+        backend is not started or a key is not a :class:`CacheEngineKey` (the async
+        ``batched_contains`` then raises the right error). Part of the thread-safe fast
+        paths (:class:`~lmcache_core.sync.ThreadSafeFastPaths`): the ``pin``/``unpin``
+        family of this backend is safe from any thread too.
+        """
+        if self._state != "started":
+            return None
+        if keys and set(map(type, keys)) != _KEY_TYPES:  # a subclass goes the async way
+            return None
+        with self._lock:
+            entries = self._entries
+            return [k in entries for k in keys]
+
+    # ------------------------------------------------------------------ thread-safe stores
+    def try_batched_put_threadsafe(
+        self,
+        keys: Sequence[CacheEngineKey],
+        values: Sequence[torch.Tensor],
+        donate: bool = False,
+    ) -> list[bool | None] | None:
+        """``put`` for each pair from the calling thread, without the event loop.
+
+        Per pair: ``True`` (stored), ``False`` (refused: larger than the capacity, or no
+        room because everything is in use) or ``None`` (not decided here: a value that is
+        not a contiguous host tensor; the async ``batched_put`` handles it). ``None``
+        overall when the backend is not started. The buffer is reserved under the index
+        lock, filled outside it (a new buffer, so no reader can see a half-written
+        value) and published under the lock. Pairs run in order and the first undecided
+        pair leaves every later one undecided too, so whatever the async path stores
+        comes after what was stored here: a later duplicate key wins, as with one call.
+        """
+        if self._state != "started" or len(keys) != len(values):
+            return None
+        results: list[bool | None] = []
+        for key, value in zip(keys, values, strict=True):
+            if (
+                not isinstance(key, CacheEngineKey)
+                or not isinstance(value, torch.Tensor)
+                or not value.is_cpu
+                or not value.is_contiguous()
+                or _too_long(key)  # the async put raises the clear error
+            ):
+                results.extend([None] * (len(keys) - len(results)))
+                break
+            stored = self._put_from_thread(key, value, donate)
+            with self._lock:
+                if stored:
+                    self._thread_puts += 1
+                    self._thread_put_bytes += value.nbytes
+                else:
+                    self._thread_rejected_puts += 1
+            results.append(stored)
+        return results
+
+    def _put_from_thread(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
+        nbytes = value.nbytes
+        if self._pool.cost(nbytes) > self.max_bytes:
+            return False
+        if donate and (value.is_pinned() or not self._pin) and _owns_storage(value, nbytes):
+            mem = self._pool.wrap(_flat_bytes(value))
+            with self._lock:
+                if not self._make_room_locked(mem.cost):
+                    return False
+                self._install(key, _Entry(mem, value.dtype, value.shape))
+            return True
+        with self._lock:
+            buf = self._alloc_locked(nbytes)
+            if buf is None:
+                return False
+            self._reserved += buf.cost
+        try:
+            if nbytes:
+                copy_into(buf.data, value)
+        except BaseException:
+            with self._lock:
+                self._reserved -= buf.cost
+                self._recycle(buf)
+            raise
+        with self._lock:
+            self._reserved -= buf.cost
+            self._install(key, _Entry(buf, value.dtype, value.shape))
+        return True
+
     # ------------------------------------------------------------------ introspection
     def stats(self) -> dict[str, Any]:
         """Counters and usage, including loads served by other threads."""
@@ -493,6 +612,9 @@ class CPUBackend(BaseBackend):
             d["hits"] += self._thread_hits
             d["misses"] += self._thread_misses
             d["bytes_read"] += self._thread_bytes
+            d["puts"] += self._thread_puts
+            d["bytes_written"] += self._thread_put_bytes
+            d["rejected_puts"] += self._thread_rejected_puts
             d["threadsafe_hits"] = self._thread_hits
             d["pinned_entries"] = self._npins
         return d
