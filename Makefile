@@ -8,7 +8,7 @@ STAGE  := tools/stage
 # Every first-party distribution in the repository (backends/*, plugins/*).
 DISTS  := $(patsubst %/,%,$(sort $(dir $(wildcard backends/*/pyproject.toml plugins/*/pyproject.toml))))
 
-.PHONY: venv demo test lint typecheck pytest bench bench-peer clean
+.PHONY: venv demo test lint typecheck pytest bench bench-peer faults clean
 
 venv: $(STAMP)
 
@@ -63,6 +63,11 @@ $(PEER_STAMP): pyproject.toml Makefile $(wildcard backends/*/pyproject.toml plug
 
 bench-peer: $(PEER_STAMP)
 	$(PEER)/bin/python benchmarks/bench_peer.py
+
+# The full fault campaign (docs/reliability.md); `make test` runs a bounded sample of it.
+FAULT_DIRS := $(wildcard tests/faults backends/lmcache-backend-disk/tests/faults)
+faults: $(STAMP)
+	LMCACHE_FAULTS_FULL=1 $(BIN)/python -m pytest $(FAULT_DIRS) -q -s
 
 clean:
 	rm -rf $(VENV) $(PEER) .pytest_cache .mypy_cache .ruff_cache

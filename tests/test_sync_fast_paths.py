@@ -23,6 +23,7 @@ from lmcache_core import (
     SyncBackend,
     TieredHierarchy,
 )
+from lmcache_core.default_plugins.host_buffers import ENTRY_OVERHEAD
 from lmcache_core.testing import make_key, random_tensor, same_bits
 
 CHUNK = 16 * 1024
@@ -36,7 +37,7 @@ def hierarchy(*tiers: tuple[str, str, int, str]) -> TieredHierarchy:
                 {
                     "name": name,
                     "backend": backend,
-                    "options": {"max_bytes": chunks * CHUNK},
+                    "options": {"max_bytes": chunks * (CHUNK + ENTRY_OVERHEAD)},
                     **({"write": {"policy": policy}} if i else {}),
                 }
                 for i, (name, backend, chunks, policy) in enumerate(tiers)
@@ -298,7 +299,8 @@ def _check_accounting(b: CPUBackend) -> None:
     entries = list(b._entries.values())
     assert st["pinned_entries"] == 0
     assert all(e.users == 0 for e in entries)
-    assert st["used_bytes"] == sum(e.nbytes for e in entries)
+    assert st["used_bytes"] == sum(e.mem.cost for e in entries)  # overhead included
+    assert st["data_bytes"] == sum(e.nbytes for e in entries)
     assert st["used_bytes"] + st["recycled_bytes"] <= b.max_bytes
 
 

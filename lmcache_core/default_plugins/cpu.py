@@ -1,9 +1,13 @@
 """The built-in ``cpu`` backend: a byte-bounded LRU of host-memory buffers.
 
-* Bounded by ``max_bytes`` (live entries + recycled buffers never exceed it); the least
-  recently used entries are evicted to make room, never one that is being read or written.
-* Buffers are recycled by size, so steady-state stores do not allocate (fresh memory costs
-  page faults: ~2 GB/s here against ~11 GB/s for a copy into reused memory).
+* Bounded by ``max_bytes`` (live entries + recycled buffers never exceed it), each entry
+  charged what it really takes: its buffer as allocated plus a per-entry overhead, so
+  0-byte values are bounded too (:mod:`.host_buffers`). The least recently used entries
+  are evicted to make room, never one that is being read or written.
+* Buffers are recycled (by size, or a freed memory map resized), so steady-state stores do
+  not allocate (fresh memory costs page faults: ~2 GB/s here against ~11 GB/s for a copy
+  into reused memory); large buffers are memory maps, returned to the system when dropped,
+  so RSS follows the bound under mixed sizes.
 * Pinned (page-locked) memory when CUDA is available (``pin_memory: auto``), pageable
   otherwise: CPU-only torch raises on pinning.
 * Copies up to ``inline_copy_bytes`` run on the event loop (a thread hop would cost more
@@ -32,10 +36,11 @@ from typing import Any
 import torch
 
 from ..backend import BaseBackend, Capabilities
-from ..errors import BufferMismatchError, ConfigError
-from ..keys import CacheEngineKey, Namespace
+from ..errors import BufferMismatchError, ConfigError, KeyFormatError
+from ..keys import CacheEngineKey, Namespace, check_key_size
 from ..memory import copy_into
 from ..options import build_options, option
+from .host_buffers import Buffer, BufferPool
 
 __all__ = ["CPUBackend", "CPUOptions"]
 
@@ -53,7 +58,8 @@ class CPUOptions:
 
     max_bytes: int = option(
         "1GiB",
-        doc="Capacity in bytes (accepts '8GiB'); LRU eviction beyond it.",
+        doc="Capacity in bytes (accepts '8GiB'), counting each entry's overhead (~1 KiB); "
+        "LRU eviction beyond it.",
         kind="bytes",
         minimum=1,
     )
@@ -80,28 +86,46 @@ _INSTALLS = itertools.count(1)
 
 
 class _Entry:
-    __slots__ = ("buf", "dtype", "nbytes", "pin_order", "shape", "stale", "users")
+    __slots__ = ("dtype", "mem", "nbytes", "pin_order", "shape", "stale", "users")
 
-    def __init__(self, buf: torch.Tensor, dtype: torch.dtype, shape: torch.Size) -> None:
-        self.buf = buf  # flat uint8
+    def __init__(self, mem: Buffer, dtype: torch.dtype, shape: torch.Size) -> None:
+        self.mem = mem
         self.dtype = dtype
         self.shape = shape
-        self.nbytes = buf.numel()
+        self.nbytes = mem.data.numel()
         self.users = 0
         self.stale = False
         # set when installed, under the backend's lock: later entries have larger numbers
         # (the lease table ends leases on older entries of a key first)
         self.pin_order = 0
 
+    @property
+    def buf(self) -> torch.Tensor:
+        """The value's bytes (flat uint8)."""
+        return self.mem.data
+
     def view(self) -> torch.Tensor:
         if self.nbytes == 0:
             return torch.empty(self.shape, dtype=self.dtype)
-        return self.buf.view(self.dtype).view(self.shape)
+        return self.mem.data.view(self.dtype).view(self.shape)
 
 
 def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
     flat = t.reshape(-1)
     return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+
+
+def _too_long(key: CacheEngineKey) -> bool:
+    try:
+        check_key_size(key)
+    except KeyFormatError:
+        return True
+    return False
+
+
+def _owns_storage(t: torch.Tensor, nbytes: int) -> bool:
+    """Whether ``t`` spans its whole storage (keeping it keeps nothing else alive)."""
+    return t.storage_offset() == 0 and t.untyped_storage().nbytes() == nbytes
 
 
 class CPUBackend(BaseBackend):
@@ -122,10 +146,10 @@ class CPUBackend(BaseBackend):
         self.opts = opts
         self.max_bytes = opts.max_bytes
         self._entries: OrderedDict[CacheEngineKey, _Entry] = OrderedDict()
-        self._free: dict[int, list[torch.Tensor]] = {}
-        self._used = 0  # bytes held by live entries (stale ones included until released)
-        self._free_bytes = 0  # bytes held in recycle lists
-        self._reserved = 0  # bytes of buffers being filled by in-flight puts
+        self._pool = BufferPool(self.max_bytes)
+        self._used = 0  # cost of live entries (stale ones included until released)
+        self._data_bytes = 0  # tensor bytes of those entries
+        self._reserved = 0  # cost of buffers being filled by in-flight puts
         self._since_yield = 0
         self._reset_pending = False
         self._pin = False
@@ -148,13 +172,14 @@ class CPUBackend(BaseBackend):
         if want == "true" and not cuda:
             raise ConfigError("pin_memory is true but CUDA is not available", "options.pin_memory")
         self._pin = cuda and want != "false"
+        self._pool = BufferPool(self.max_bytes, pin=self._pin)
 
     async def _close(self) -> None:
         with self._lock:
             self._entries.clear()
             self._npins = 0
-            self._free.clear()
-            self._used = self._free_bytes = self._reserved = 0
+            self._pool.clear()
+            self._used = self._data_bytes = self._reserved = 0
 
     def set_eviction_listener(self, listener: EvictionListener | None) -> None:
         """Call ``listener(key, tensor)`` before an entry is evicted for capacity.
@@ -166,68 +191,66 @@ class CPUBackend(BaseBackend):
         self._eviction_listener = listener
 
     # ------------------------------------------------------------------ memory
-    def _alloc(self, nbytes: int) -> torch.Tensor | None:
-        """A flat uint8 buffer of ``nbytes``, recycled when possible; ``None`` if no room."""
-        with self._lock:
-            return self._alloc_locked(nbytes)
+    # The bound: self._used (live entries, stale ones until released) + self._pool.bytes
+    # (recycled buffers) + self._reserved (buffers being filled) <= max_bytes, each
+    # buffer charged its Buffer.cost (see host_buffers.py).
+    def _alloc_locked(self, nbytes: int) -> Buffer | None:
+        """A buffer for ``nbytes``, recycled when possible; ``None`` if no room (or memory).
 
-    def _alloc_locked(self, nbytes: int) -> torch.Tensor | None:
-        bucket = self._free.get(nbytes)
-        if bucket:
-            self._free_bytes -= nbytes
-            return bucket.pop()
-        while self._used + self._free_bytes + self._reserved + nbytes > self.max_bytes:
-            if self._free_bytes:
-                self._drop_free_buffer()
-                continue
-            if not self._evict_one():
+        Entries are evicted only while even an empty pool would leave no room; each
+        eviction's buffer joins the pool, and the best pooled buffer is then reused (one of
+        the exact size, else a map resized), the rest dropped as far as the bound needs.
+        """
+        pool = self._pool
+        buf = pool.take(nbytes)
+        if buf is not None:
+            return buf  # its cost moves from the pool to the caller: the total is unchanged
+        cost = pool.cost(nbytes)
+        while self._used + self._reserved + cost > self.max_bytes:
+            if not self._evict_one_locked():
                 return None
-            bucket = self._free.get(nbytes)
-            if bucket:
-                self._free_bytes -= nbytes
-                return bucket.pop()
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._pin)
+            buf = pool.take(nbytes)
+            if buf is not None:
+                return buf
+        if self._used + pool.bytes + self._reserved + cost > self.max_bytes:
+            buf = pool.take_resized(nbytes)
+        while pool.count and self._used + pool.bytes + self._reserved + cost > self.max_bytes:
+            pool.drop_one()
+        if buf is not None:
+            return buf
+        try:
+            return pool.new(nbytes)
+        except (OSError, RuntimeError, MemoryError) as exc:
+            log.warning("cpu tier %r cannot allocate %d bytes: %s", self.name, nbytes, exc)
+            return None
 
-    def _drop_free_buffer(self) -> None:
-        size = next(iter(self._free))
-        bucket = self._free[size]
-        bucket.pop()
-        self._free_bytes -= size
-        if not bucket:
-            del self._free[size]
-
-    def _recycle(self, buf: torch.Tensor) -> None:
-        n = buf.numel()
-        if n == 0:
-            return
+    def _recycle(self, buf: Buffer) -> None:
         with self._lock:
-            self._recycle_locked(buf, n)
+            if buf.capacity == 0:
+                return
+            if self._used + self._pool.bytes + self._reserved + buf.cost > self.max_bytes:
+                return  # let it go: keeping it would exceed the bound
+            self._pool.give(buf)
 
-    def _recycle_locked(self, buf: torch.Tensor, n: int) -> None:
-        if self._used + self._free_bytes + self._reserved + n > self.max_bytes:
-            return  # let it go: keeping it would exceed the bound
-        self._free.setdefault(n, []).append(buf)
-        self._free_bytes += n
+    def _free_entry(self, entry: _Entry) -> None:
+        """Account for an entry nobody uses any more and recycle its buffer."""
+        self._used -= entry.mem.cost
+        self._data_bytes -= entry.nbytes
+        self._recycle(entry.mem)
 
     def _release(self, entry: _Entry) -> None:
         """Entry no longer indexed: free its buffer once nobody reads it."""
         with self._lock:
             entry.stale = True
             if entry.users == 0:
-                self._used -= entry.nbytes
-                self._recycle(entry.buf)
+                self._free_entry(entry)
 
     def _unuse(self, entry: _Entry) -> None:
         """Drop one reader or pin of ``entry``; free it if it was released meanwhile."""
         with self._lock:
             entry.users -= 1
             if entry.stale and entry.users == 0:
-                self._used -= entry.nbytes
-                self._recycle(entry.buf)
-
-    def _evict_one(self) -> bool:
-        with self._lock:
-            return self._evict_one_locked()
+                self._free_entry(entry)
 
     def _evict_one_locked(self) -> bool:
         for key, entry in self._entries.items():
@@ -243,7 +266,8 @@ class CPUBackend(BaseBackend):
                 self._evicted_bytes += entry.nbytes
                 if taken:  # handed over: account for it, never recycle the buffer
                     entry.stale = True
-                    self._used -= entry.nbytes
+                    self._used -= entry.mem.cost
+                    self._data_bytes -= entry.nbytes
                 else:
                     self._release(entry)
                 return True
@@ -333,13 +357,19 @@ class CPUBackend(BaseBackend):
             value = value.to("cpu")
             donate = True
         nbytes = value.numel() * value.element_size()
-        if nbytes > self.max_bytes:
+        if self._pool.cost(nbytes) > self.max_bytes:
             return False
-        if donate and value.is_contiguous() and (value.is_pinned() or not self._pin):
-            buf = _flat_bytes(value)
-            if not self._make_room(nbytes):
-                return False
-            self._install(key, _Entry(buf, value.dtype, value.shape))
+        if (
+            donate
+            and value.is_contiguous()
+            and (value.is_pinned() or not self._pin)
+            and _owns_storage(value, nbytes)
+        ):
+            mem = self._pool.wrap(_flat_bytes(value))
+            with self._lock:
+                if not self._make_room_locked(mem.cost):
+                    return False
+                self._install(key, _Entry(mem, value.dtype, value.shape))
             return True
         src = value.contiguous()
         old = self._entries.get(key)
@@ -359,37 +389,34 @@ class CPUBackend(BaseBackend):
                     self._entries.move_to_end(key)
                     return True
         with self._lock:
-            fresh = self._alloc(nbytes)
+            fresh = self._alloc_locked(nbytes)
             if fresh is None:
                 return False
             buf = fresh
-            self._reserved += nbytes
+            self._reserved += buf.cost
         try:
-            await self._copy(buf, src)
+            if nbytes:
+                await self._copy(buf.data, src)
         except asyncio.CancelledError:
             # A worker thread may still be writing into buf: never recycle it.
             with self._lock:
-                self._reserved -= nbytes
+                self._reserved -= buf.cost
             raise
         except BaseException:
             with self._lock:
-                self._reserved -= nbytes
+                self._reserved -= buf.cost
                 self._recycle(buf)
             raise
         with self._lock:
-            self._reserved -= nbytes
+            self._reserved -= buf.cost
             self._install(key, _Entry(buf, value.dtype, value.shape))
         return True
 
-    def _make_room(self, nbytes: int) -> bool:
-        with self._lock:
-            return self._make_room_locked(nbytes)
-
-    def _make_room_locked(self, nbytes: int) -> bool:
-        while self._used + self._free_bytes + self._reserved + nbytes > self.max_bytes:
-            if self._free_bytes:
-                self._drop_free_buffer()
-            elif not self._evict_one():
+    def _make_room_locked(self, cost: int) -> bool:
+        while self._used + self._pool.bytes + self._reserved + cost > self.max_bytes:
+            if self._pool.count:
+                self._pool.drop_one()
+            elif not self._evict_one_locked():
                 return False
         return True
 
@@ -398,7 +425,8 @@ class CPUBackend(BaseBackend):
             entry.pin_order = next(_INSTALLS)
             old = self._entries.pop(key, None)
             self._entries[key] = entry
-            self._used += entry.nbytes
+            self._used += entry.mem.cost
+            self._data_bytes += entry.nbytes
             if old is not None:
                 self._release(old)
 
@@ -554,6 +582,7 @@ class CPUBackend(BaseBackend):
                 or not isinstance(value, torch.Tensor)
                 or not value.is_cpu
                 or not value.is_contiguous()
+                or _too_long(key)  # the async put raises the clear error
             ):
                 results.extend([None] * (len(keys) - len(results)))
                 break
@@ -569,29 +598,30 @@ class CPUBackend(BaseBackend):
 
     def _put_from_thread(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
         nbytes = value.nbytes
-        if nbytes > self.max_bytes:
+        if self._pool.cost(nbytes) > self.max_bytes:
             return False
-        if donate and (value.is_pinned() or not self._pin):
+        if donate and (value.is_pinned() or not self._pin) and _owns_storage(value, nbytes):
+            mem = self._pool.wrap(_flat_bytes(value))
             with self._lock:
-                if not self._make_room_locked(nbytes):
+                if not self._make_room_locked(mem.cost):
                     return False
-                self._install(key, _Entry(_flat_bytes(value), value.dtype, value.shape))
+                self._install(key, _Entry(mem, value.dtype, value.shape))
             return True
         with self._lock:
             buf = self._alloc_locked(nbytes)
             if buf is None:
                 return False
-            self._reserved += nbytes
+            self._reserved += buf.cost
         try:
             if nbytes:
-                copy_into(buf, value)
+                copy_into(buf.data, value)
         except BaseException:
             with self._lock:
-                self._reserved -= nbytes
+                self._reserved -= buf.cost
                 self._recycle(buf)
             raise
         with self._lock:
-            self._reserved -= nbytes
+            self._reserved -= buf.cost
             self._install(key, _Entry(buf, value.dtype, value.shape))
         return True
 
@@ -610,11 +640,20 @@ class CPUBackend(BaseBackend):
             d["pinned_entries"] = self._npins
         return d
 
+    def entry_cost(self, nbytes: int) -> int:
+        """Bytes of ``max_bytes`` one entry holding an ``nbytes`` value takes.
+
+        Its buffer (rounded to what the allocator really takes) plus a fixed per-entry
+        overhead: ``n`` values of ``nbytes`` fit when ``max_bytes >= n * entry_cost(nbytes)``.
+        """
+        return self._pool.cost(nbytes)
+
     def _usage(self) -> dict[str, Any]:
         return {
             "entries": len(self._entries),
             "used_bytes": self._used,
-            "recycled_bytes": self._free_bytes,
+            "data_bytes": self._data_bytes,
+            "recycled_bytes": self._pool.bytes,
             "max_bytes": self.max_bytes,
             "evictions": self._evictions,
             "evicted_bytes": self._evicted_bytes,
