@@ -1,0 +1,207 @@
+"""A worker's background loads (vLLM's ``load_async``).
+
+A request whose hit includes chunks outside the worker's memory tier is not scheduled
+until its KV is in place (vLLM keeps it in ``WAITING_FOR_REMOTE_KVS``). Its chunks are
+read through the whole hierarchy on the storage's IO loop into staging buffers, in
+batches as buffers allow; each step's :meth:`AsyncLoads.poll` (from ``get_finished``)
+scatters what has arrived into vLLM's blocks — at most ``max_bytes_per_step`` per step —
+and reports the requests whose load is over. A load still running ``deadline_s`` after
+it started is abandoned: its remaining chunks fail (their blocks are recomputed) and its
+buffers come back only once the reads really end, so a late read never writes into a
+buffer in use.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ...keys import CacheEngineKey
+from .layout import BlockCopier
+from .metadata import ChunkLoad
+from .staging import ChunkBuffers
+from .storage import Storage
+
+__all__ = ["AsyncLoads", "LoadOutcome"]
+
+
+@dataclass
+class _Job:
+    req_id: str
+    loads: list[ChunkLoad]
+    keys: list[CacheEngineKey]
+    started: float
+    first_read: float | None = None
+    next: int = 0  # next chunk to read
+    inflight: tuple[concurrent.futures.Future[list[bool]], list[int], list[torch.Tensor]] | None = (
+        None
+    )
+    ready: list[tuple[int, torch.Tensor, bool]] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)  # indices into loads
+    cancelled: bool = False
+    loaded_bytes: int = 0
+
+    def over(self) -> bool:
+        return self.next >= len(self.loads) and self.inflight is None and not self.ready
+
+
+@dataclass
+class LoadOutcome:
+    """What :meth:`AsyncLoads.poll` finished: requests, their failed blocks and chunks."""
+
+    finished: set[str] = field(default_factory=set)
+    failed_blocks: set[int] = field(default_factory=set)
+    failed_chunks: dict[str, list[int]] = field(default_factory=dict)
+    missing_hashes: list[int] = field(default_factory=list)
+
+
+class AsyncLoads:
+    """Background loads of whole requests (see the module docstring)."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        buffers: ChunkBuffers,
+        copier: BlockCopier,
+        *,
+        deadline_s: float,
+        max_bytes_per_step: int,
+        block_nbytes: int,
+    ) -> None:
+        self.storage = storage
+        self.buffers = buffers
+        self.copier = copier
+        self.deadline_s = deadline_s
+        self.max_bytes_per_step = max_bytes_per_step
+        self.block_nbytes = block_nbytes
+        self._jobs: dict[str, _Job] = {}
+        self.loaded_chunks = 0
+        self.loaded_bytes = 0
+        self.failed_chunks = 0
+        self.deadline_misses = 0
+        self.read_seconds = 0.0
+        self.scatter_seconds = 0.0
+        #: (bytes, seconds from first read to the poll reporting it finished) per request
+        self.throughput: list[tuple[int, float]] = []
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def start(self, req_id: str, loads: list[ChunkLoad], keys: list[CacheEngineKey]) -> None:
+        """Begin loading ``loads`` (one request's chunks, in order)."""
+        self._jobs[req_id] = _Job(req_id, loads, keys, time.monotonic())
+        self._issue(self._jobs[req_id])
+
+    def cancel(self, req_ids: set[str]) -> None:
+        """The requests finished (aborted): load nothing more into their blocks."""
+        for r in req_ids:
+            job = self._jobs.get(r)
+            if job is not None:
+                job.cancelled = True
+                job.next = len(job.loads)
+
+    def _issue(self, job: _Job) -> None:
+        if job.inflight is not None or job.next >= len(job.loads) or job.cancelled:
+            return
+        bufs = self.buffers.take_many(len(job.loads) - job.next)
+        if not bufs:
+            return
+        idxs = list(range(job.next, job.next + len(bufs)))
+        job.next += len(bufs)
+        if job.first_read is None:
+            job.first_read = time.monotonic()
+        fut = self.storage.get_into_async([job.keys[i] for i in idxs], bufs)
+        job.inflight = (fut, idxs, bufs)
+
+    def _give_back_when_done(self, fut: concurrent.futures.Future[Any], bufs: list[Any]) -> None:
+        def done(_: concurrent.futures.Future[Any]) -> None:
+            for b in bufs:
+                self.buffers.give(b)
+
+        fut.add_done_callback(done)
+
+    def poll(self) -> LoadOutcome:
+        """Collect reads, scatter (within this step's byte budget), start further reads,
+        abandon loads past their deadline; report the loads that ended."""
+        out = LoadOutcome()
+        budget = self.max_bytes_per_step
+        now = time.monotonic()
+        for req_id, job in list(self._jobs.items()):
+            if job.inflight is not None and job.inflight[0].done():
+                fut, idxs, bufs = job.inflight
+                job.inflight = None
+                try:
+                    hits = fut.result()
+                except Exception:
+                    hits = [False] * len(idxs)
+                job.ready.extend(zip(idxs, bufs, hits, strict=True))
+            while job.ready and (budget > 0 or job.cancelled):
+                i, buf, hit = job.ready.pop(0)
+                ld = job.loads[i]
+                if hit and not job.cancelled:
+                    t0 = time.perf_counter()
+                    n = len(ld.block_ids)
+                    event = self.copier.scatter_from_host(
+                        buf[:, ld.skip : ld.skip + n], ld.block_ids
+                    )
+                    if event is not None:
+                        event.synchronize()
+                    self.scatter_seconds += time.perf_counter() - t0
+                    nbytes = n * self.block_nbytes
+                    budget -= nbytes
+                    job.loaded_bytes += nbytes
+                    self.loaded_chunks += 1
+                elif not hit:
+                    job.failed.append(i)
+                self.buffers.give(buf)
+            if now - job.started > self.deadline_s and not job.over():
+                self._abandon(job)
+            self._issue(job)
+            if job.over():
+                del self._jobs[req_id]
+                self._finish(job, out)
+        return out
+
+    def _abandon(self, job: _Job) -> None:
+        if not job.cancelled:
+            self.deadline_misses += 1
+        if job.inflight is not None:
+            fut, idxs, bufs = job.inflight
+            job.inflight = None
+            job.failed.extend(idxs)
+            self._give_back_when_done(fut, bufs)
+        for i, buf, _ in job.ready:
+            job.failed.append(i)
+            self.buffers.give(buf)
+        job.ready.clear()
+        job.failed.extend(range(job.next, len(job.loads)))
+        job.next = len(job.loads)
+
+    def _finish(self, job: _Job, out: LoadOutcome) -> None:
+        out.finished.add(job.req_id)
+        if job.cancelled:
+            return
+        if job.failed:
+            chunks = sorted({job.loads[i].chunk_index for i in job.failed})
+            out.failed_chunks[job.req_id] = chunks
+            for i in job.failed:
+                out.failed_blocks.update(job.loads[i].block_ids)
+                out.missing_hashes.append(job.loads[i].chunk_hash)
+            self.failed_chunks += len(chunks)
+        self.loaded_bytes += job.loaded_bytes
+        if job.first_read is not None and job.loaded_bytes:
+            self.throughput.append((job.loaded_bytes, time.monotonic() - job.first_read))
+
+    def abandon_all(self) -> None:
+        """Give up every load (shutdown)."""
+        for job in self._jobs.values():
+            job.cancelled = True
+            if job.inflight is not None:
+                fut, _, bufs = job.inflight
+                job.inflight = None
+                self._give_back_when_done(fut, bufs)
+        self._jobs.clear()
