@@ -64,6 +64,7 @@ class Harness:
         max_batched_tokens: int = 160,
         policy: str = "recompute",
         options: dict[str, Any] | None = None,
+        prefix_caching: bool = True,
     ) -> None:
         from vllm.config import (
             CacheConfig,
@@ -107,7 +108,7 @@ class Harness:
             model_config=ModelConfig(
                 model=str(model), dtype="float32", max_model_len=1024, enforce_eager=True
             ),
-            cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=True),
+            cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=prefix_caching),
             scheduler_config=SchedulerConfig(
                 max_num_batched_tokens=max_batched_tokens,
                 max_num_seqs=8,

@@ -169,3 +169,69 @@ def test_background_load_from_a_shared_tier_and_abort_while_waiting(
     assert h.sched.kv_cache_manager.block_pool.get_num_free_blocks() >= free_before
     saved_for_r2 = [sv for st in h.steps for sv in st["meta"].saves if sv.req_id == "r2"]
     assert saved_for_r2 == []
+
+
+def _cycle(h: Harness, prompts: list[list[int]], n: int, group: int) -> dict[str, Any]:
+    """``n`` requests over ``prompts`` (a fixed pseudo-random order that revisits them),
+    ``group`` admitted together."""
+    order = random.Random(5)
+    errors = 0
+    for start in range(0, n, group):
+        for i in range(start, min(n, start + group)):
+            h.add(f"c{i}", order.choice(prompts), max_tokens=1)
+        before = len(h.steps)
+        h.drain()
+        errors += sum(len(s["errors"]) for s in h.steps[before:])
+    h.settle()
+    return {"errors": errors, **h.scheduler_side.stats()}
+
+
+@pytest.mark.parametrize("policy", ["fail", "recompute"])
+def test_stale_index_never_fails_a_request(
+    vllm_models: Models, harnesses: list[Harness], policy: str
+) -> None:
+    """A memory tier of 8 chunks, 8 prompts of 2 chunks revisited 3 at a time: evictions
+    race lookups (stores complete in the background). Under ``recompute`` a stale hit is
+    recomputed (and counted); under ``fail`` every promised chunk is pinned until loaded,
+    so no load ever fails and vLLM never fails a request."""
+    prompts = [[RNG.randrange(4, 500) for _ in range(2 * CHUNK + 10)] for _ in range(8)]
+    h = Harness(
+        vllm_models.main,
+        _storage(cpu="128KiB"),
+        async_scheduling=True,
+        policy=policy,
+        prefix_caching=False,
+    )
+    harnesses.append(h)
+    s = _cycle(h, prompts, 48, 3)
+    assert len(h.finished) == 48
+    assert not [r for r in h.sched.requests]  # nothing left behind
+    assert s["hit_requests"] > 0
+    found, wrong = h.stored_chunks(prompts)
+    assert wrong == [] and found > 0
+    if policy == "fail":
+        assert s["errors"] == 0 and s["stale_hits"] == 0 and s["load_failures"] == 0
+        assert h.worker_side.stats()["withdrawn"] > 0  # pins were handed back
+    else:
+        assert (s["errors"] > 0) == (s["stale_hits"] > 0)  # every stale hit is counted
+
+
+def test_decode_chunks_are_stored_and_reused_by_the_next_turn(
+    vllm_models: Models, harnesses: list[Harness]
+) -> None:
+    h = Harness(vllm_models.main, _storage(), async_scheduling=True)
+    harnesses.append(h)
+    turn1 = [RNG.randrange(4, 500) for _ in range(2 * CHUNK + 20)]
+    h.add("t1", turn1, max_tokens=150)  # 170 + 150 tokens: chunks 2-4 complete in decode
+    h.drain()
+    h.settle()
+    full = h.reqs["t1"].tokens[: len(turn1) + 150]
+    found, wrong = h.stored_chunks([full])
+    assert wrong == []
+    assert found == (len(full) - 1) // CHUNK == 4  # the last token's KV is never computed
+    assert h.scheduler_side.stats()["decode_saves_planned"] >= 2
+    turn2 = [*full, *[RNG.randrange(4, 500) for _ in range(30)]]
+    assert h.sched.reset_prefix_cache()  # so the hit is the connector's, not vLLM's
+    h.add("t2", turn2, max_tokens=1)
+    h.drain()
+    assert h.scheduler_side.stats()["hit_tokens"] >= 4 * CHUNK

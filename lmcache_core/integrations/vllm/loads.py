@@ -1,9 +1,10 @@
 """A worker's background loads (vLLM's ``load_async``).
 
 A request whose hit includes chunks outside the worker's memory tier is not scheduled
-until its KV is in place (vLLM keeps it in ``WAITING_FOR_REMOTE_KVS``). Its chunks are
-read through the whole hierarchy on the storage's IO loop into staging buffers, in
-batches as buffers allow; each step's :meth:`AsyncLoads.poll` (from ``get_finished``)
+until its KV is in place (vLLM keeps it in ``WAITING_FOR_REMOTE_KVS``). A job first looks
+its chunks up in the worker's hierarchy (pinning them where the tier can pin, and
+learning which tier holds each; chunks after the first one missing fail at once), then
+reads them on the storage's IO loop into staging buffers, in batches as buffers allow; each step's :meth:`AsyncLoads.poll` (from ``get_finished``)
 scatters what has arrived into vLLM's blocks — at most ``max_bytes_per_step`` per step —
 and reports the requests whose load is over. A load still running ``deadline_s`` after
 it started is abandoned: its remaining chunks fail (their blocks are recomputed) and its
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ...hierarchy import PrefixLookup
 from ...keys import CacheEngineKey
 from .layout import BlockCopier
 from .metadata import ChunkLoad
@@ -36,6 +38,9 @@ class _Job:
     keys: list[CacheEngineKey]
     started: float
     first_read: float | None = None
+    lookup: concurrent.futures.Future[PrefixLookup] | None = None
+    tiers: list[str] = field(default_factory=list)
+    limit: int = 0  # chunks found by the lookup (the others fail)
     next: int = 0  # next chunk to read
     inflight: tuple[concurrent.futures.Future[list[bool]], list[int], list[torch.Tensor]] | None = (
         None
@@ -46,7 +51,12 @@ class _Job:
     loaded_bytes: int = 0
 
     def over(self) -> bool:
-        return self.next >= len(self.loads) and self.inflight is None and not self.ready
+        return (
+            self.lookup is None
+            and self.next >= len(self.loads)
+            and self.inflight is None
+            and not self.ready
+        )
 
 
 @dataclass
@@ -83,6 +93,7 @@ class AsyncLoads:
         self.loaded_bytes = 0
         self.failed_chunks = 0
         self.deadline_misses = 0
+        self.loaded_blocks_by_tier: dict[str, int] = {}
         self.read_seconds = 0.0
         self.scatter_seconds = 0.0
         #: (bytes, seconds from first read to the poll reporting it finished) per request
@@ -93,8 +104,11 @@ class AsyncLoads:
 
     def start(self, req_id: str, loads: list[ChunkLoad], keys: list[CacheEngineKey]) -> None:
         """Begin loading ``loads`` (one request's chunks, in order)."""
-        self._jobs[req_id] = _Job(req_id, loads, keys, time.monotonic())
-        self._issue(self._jobs[req_id])
+        job = _Job(req_id, loads, keys, time.monotonic())
+        job.lookup = self.storage.submit(
+            self.storage.hierarchy.lookup_prefix(keys, lease_s=self.deadline_s + 30.0)
+        )
+        self._jobs[req_id] = job
 
     def cancel(self, req_ids: set[str]) -> None:
         """The requests finished (aborted): load nothing more into their blocks."""
@@ -104,10 +118,25 @@ class AsyncLoads:
                 job.cancelled = True
                 job.next = len(job.loads)
 
+    def _looked_up(self, job: _Job) -> None:
+        assert job.lookup is not None
+        fut, job.lookup = job.lookup, None
+        try:
+            res = fut.result()
+            job.limit = res.num_hit
+            job.tiers = [res.tier_of(i) for i in range(res.num_hit)]
+        except Exception:
+            job.limit = 0
+        if not job.cancelled:
+            job.failed.extend(range(job.limit, len(job.loads)))
+
     def _issue(self, job: _Job) -> None:
-        if job.inflight is not None or job.next >= len(job.loads) or job.cancelled:
+        if job.inflight is not None or job.lookup is not None or job.cancelled:
             return
-        bufs = self.buffers.take_many(len(job.loads) - job.next)
+        if job.next >= job.limit:
+            job.next = len(job.loads)
+            return
+        bufs = self.buffers.take_many(job.limit - job.next)
         if not bufs:
             return
         idxs = list(range(job.next, job.next + len(bufs)))
@@ -131,6 +160,8 @@ class AsyncLoads:
         budget = self.max_bytes_per_step
         now = time.monotonic()
         for req_id, job in list(self._jobs.items()):
+            if job.lookup is not None and job.lookup.done():
+                self._looked_up(job)
             if job.inflight is not None and job.inflight[0].done():
                 fut, idxs, bufs = job.inflight
                 job.inflight = None
@@ -155,6 +186,8 @@ class AsyncLoads:
                     budget -= nbytes
                     job.loaded_bytes += nbytes
                     self.loaded_chunks += 1
+                    tier = job.tiers[i] if i < len(job.tiers) else "?"
+                    self.loaded_blocks_by_tier[tier] = self.loaded_blocks_by_tier.get(tier, 0) + n
                 elif not hit:
                     job.failed.append(i)
                 self.buffers.give(buf)
@@ -169,6 +202,12 @@ class AsyncLoads:
     def _abandon(self, job: _Job) -> None:
         if not job.cancelled:
             self.deadline_misses += 1
+        if job.lookup is not None:
+            lookup, job.lookup = job.lookup, None
+            self._release_when_done(lookup, job.keys)
+            job.failed.extend(range(len(job.loads)))
+            job.next = len(job.loads)
+            return
         if job.inflight is not None:
             fut, idxs, bufs = job.inflight
             job.inflight = None
@@ -181,8 +220,20 @@ class AsyncLoads:
         job.failed.extend(range(job.next, len(job.loads)))
         job.next = len(job.loads)
 
+    def _release_when_done(
+        self, fut: concurrent.futures.Future[PrefixLookup], keys: list[CacheEngineKey]
+    ) -> None:
+        storage = self.storage
+
+        def done(f: concurrent.futures.Future[PrefixLookup]) -> None:
+            if not f.cancelled() and f.exception() is None:
+                storage.release_soon(keys[: f.result().num_hit])
+
+        fut.add_done_callback(done)
+
     def _finish(self, job: _Job, out: LoadOutcome) -> None:
         out.finished.add(job.req_id)
+        self.storage.release_soon(job.keys[: job.limit])
         if job.cancelled:
             return
         if job.failed:
@@ -200,6 +251,10 @@ class AsyncLoads:
         """Give up every load (shutdown)."""
         for job in self._jobs.values():
             job.cancelled = True
+            if job.lookup is not None:
+                self._release_when_done(job.lookup, job.keys)
+            else:
+                self.storage.release_soon(job.keys[: job.limit])
             if job.inflight is not None:
                 fut, _, bufs = job.inflight
                 job.inflight = None

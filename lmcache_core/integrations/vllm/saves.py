@@ -59,7 +59,7 @@ class SaveQueue:
         self.copier = copier
         self.after_store = after_store
         self._lock = threading.Lock()
-        self._stored: list[tuple[int, Any]] = []
+        self._stored: list[tuple[int, int, Any]] = []
         self._refused: list[tuple[str, int]] = []
         self._pending: dict[concurrent.futures.Future[Any], SaveItem] = {}
         self._events: dict[str, list[Any]] = {}
@@ -124,15 +124,15 @@ class SaveQueue:
             if not fut.cancelled() and fut.exception() is None:
                 ok, extra = fut.result()
             if ok:
-                self._stored.append((item.chunk_hash, extra))
+                self._stored.append((item.chunk_hash, item.chunk_index, extra))
                 self.stored += 1
                 self.stored_bytes += self.buffers.nbytes
             else:
                 self._refused.append((item.req_id, item.chunk_index))
                 self.refused += 1
 
-    def take_stored(self) -> list[tuple[int, Any]]:
-        """``(hash, after_store result)`` of chunks stored since the last call."""
+    def take_stored(self) -> list[tuple[int, int, Any]]:
+        """``(hash, chunk index, after_store result)`` of chunks stored since the last call."""
         with self._lock:
             out, self._stored = self._stored, []
         return out

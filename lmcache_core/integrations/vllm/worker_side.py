@@ -42,7 +42,10 @@ log = logging.getLogger("vllm.lmcache_core.connector")
 
 #: Pinned (offered) chunks may fill at most this fraction of the memory tier under
 #: policy ``fail``; beyond it the oldest are withdrawn.
-OFFERED_FRACTION = 0.5
+OFFERED_FRACTION = 0.75
+#: Withdrawal picks, among this many least recently used offered chunks per victim, the
+#: ones furthest into their prompt (a prefix without its first chunk is useless).
+WITHDRAW_WINDOW = 4
 
 
 @dataclass
@@ -87,7 +90,7 @@ class WorkerSide:
         self._evicted: list[int] = []
         self._fail_policy = ctx.failure_policy != "recompute"
         self._report_stored = True
-        self._offered: OrderedDict[int, object] = OrderedDict()
+        self._offered: OrderedDict[int, tuple[object, int]] = OrderedDict()  # handle, chunk
         self._withdrawing: dict[int, object] = {}
         self._pinned_limit = 0
         self._pending_finish: set[str] = set()
@@ -312,10 +315,11 @@ class WorkerSide:
                 c.loaded_tokens += len(ld.block_ids) * bs
                 c.loaded_bytes += len(ld.block_ids) * self.copier.block_nbytes
                 c.loaded_tokens_by_tier[self.storage.tier_names[0]] += len(ld.block_ids) * bs
-                if ld.chunk_hash in self._offered:
-                    self._offered.move_to_end(ld.chunk_hash)
             else:
                 missing.append(ld.chunk_hash)
+        for ld in reversed(loads):  # the first chunk of a prompt is the most recently used
+            if ld.chunk_hash in self._offered:
+                self._offered.move_to_end(ld.chunk_hash)
         if missing:
             self._report.missing.setdefault(self.rank, []).extend(missing)
         return ok
@@ -397,31 +401,41 @@ class WorkerSide:
         stored = self.saves.take_stored()
         if stored and self._report_stored:
             hashes = []
-            for h, handle in stored:
+            # Later chunks first: of chunks stored together, the first of a prompt is then
+            # the most recently used, the last to be withdrawn.
+            for h, chunk, handle in sorted(stored, key=lambda x: -x[1]):
                 hashes.append(h)
                 if handle is None:
                     continue
                 # Stored again: the new entry replaced the one pinned before (which the
                 # store left pinned but unreachable): keep the pin on the new one.
-                old = self._offered.pop(h, None) or self._withdrawing.pop(h, None)
+                prev = self._offered.pop(h, None)
+                old = prev[0] if prev is not None else self._withdrawing.pop(h, None)
                 if old is not None:
                     assert self.storage is not None
                     self.storage.unpin_top([old])
-                self._offered[h] = handle
+                self._offered[h] = (handle, chunk)
             self._report.stored.setdefault(self.rank, []).extend(hashes)
         for req_id, idx in self.saves.take_refused():
             d = self._report.dropped_saves
             d[req_id] = min(idx, d.get(req_id, idx))
+        self._withdraw_excess()
+
+    def _withdraw_excess(self) -> None:
+        """Under policy ``fail``: ask the scheduler to stop offering the least useful
+        pinned chunks once they exceed their share of the memory tier."""
         excess = len(self._offered) + len(self._withdrawing) - self._pinned_limit
+        if excess <= 0 or not self._offered:
+            return
+        window = list(self._offered.items())[: excess * WITHDRAW_WINDOW]
+        window.sort(key=lambda item: -item[1][1])
         out = []
-        while excess > 0 and self._offered:
-            h, handle = self._offered.popitem(last=False)  # least recently used first
+        for h, (handle, _) in window[:excess]:
+            del self._offered[h]
             self._withdrawing[h] = handle
             out.append(h)
-            excess -= 1
-        if out:
-            self.counters.withdrawn += len(out)
-            self._report.withdrawn.setdefault(self.rank, []).extend(out)
+        self.counters.withdrawn += len(out)
+        self._report.withdrawn.setdefault(self.rank, []).extend(out)
 
     def take_report(self) -> WorkerReport | None:
         self._collect_stores()
@@ -439,6 +453,13 @@ class WorkerSide:
             self.write_stats()
         return None if report.is_empty() else report
 
+    def _tokens_by_tier(self) -> dict[str, int]:
+        out = dict(self.counters.loaded_tokens_by_tier)
+        if self.loads is not None:
+            for tier, blocks in self.loads.loaded_blocks_by_tier.items():
+                out[tier] = out.get(tier, 0) + blocks * self.ctx.block_size
+        return out
+
     def stats(self) -> dict[str, Any]:
         c = self.counters
         sv, ld = self.saves, self.loads
@@ -450,9 +471,9 @@ class WorkerSide:
             "disabled": self.disabled,
             "one_copy_per_chunk": bool(self.copier and self.copier.one_view),
             "loaded_chunks": c.loaded_chunks + (ld.loaded_chunks if ld is not None else 0),
-            "loaded_tokens": c.loaded_tokens,
+            "loaded_tokens": sum(self._tokens_by_tier().values()),
             "loaded_bytes": c.loaded_bytes + (ld.loaded_bytes if ld is not None else 0),
-            "loaded_tokens_by_tier": dict(c.loaded_tokens_by_tier),
+            "loaded_tokens_by_tier": self._tokens_by_tier(),
             "failed_chunks": c.failed_chunks + (ld.failed_chunks if ld is not None else 0),
             "sync_loaded_chunks": c.loaded_chunks,
             "async_loaded_chunks": ld.loaded_chunks if ld is not None else 0,
