@@ -91,6 +91,10 @@ class FaultyCPUBackend(CPUBackend):
             return False
         return await super()._get_into(key, out)
 
+    async def _put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
+        await self.control.delay("put")
+        return await super()._put(key, value, donate)
+
     def try_batched_get_into_threadsafe(
         self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor]
     ) -> list[bool | None] | None:

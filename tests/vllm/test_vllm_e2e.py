@@ -10,7 +10,8 @@ Four engine processes, each running many cases (see the ``engine_*`` fixtures):
   load;
 * ``e3``: a model with the same ``config.json`` but other weights on the same disk (the
   connector selected through ``kv_connector_module_path``);
-* ``e4``: tensor parallel 2 (worker connectors in two other processes);
+* ``e4``: tensor parallel 2 (worker connectors in two other processes), including a
+  background load whose chunk is missing on one rank;
 * ``e5``: a sliding-window model: the connector turns itself off with one ERROR line.
 """
 
@@ -199,8 +200,25 @@ def e5(workdir: Path) -> EngineRun:
 def e4(vllm_models: Models, workdir: Path) -> EngineRun:
     disk = workdir / "disk-tp2"
     stats = workdir / "stats-e4"
-    ktc = connector_config(_storage("8MiB", disk), stats)
-    steps = [_gen("cold", c.LONG, c.MID), _gen("warm", c.LONG, c.MID)]
+    ktc = connector_config(_storage("256KiB", disk), stats)  # 8 chunks of 32 KiB per rank
+    steps = [
+        _gen("cold", c.LONG, c.MID),
+        _gen("warm", c.LONG, c.MID),
+        # CORRUPT's chunks leave the memory tiers (evicted by the fillers) but stay on
+        # disk, where rank 1's copy of chunk 1 then goes missing: a background load
+        # that fails on one rank only.
+        _gen("q_cold", c.CORRUPT),
+        _gen("fill", *c.FILLERS),
+        {
+            "op": "delete_chunks",
+            "name": "lose_rank1",
+            "tokens": c.CORRUPT,
+            "chunks": [1],
+            "rank": 1,
+            "world_size": 2,
+        },
+        _gen("q_async", c.CORRUPT),
+    ]
     spec = {
         "engine": _engine(vllm_models.main, ktc, prefix_caching=False, tp=2),
         "steps": steps,
@@ -376,3 +394,15 @@ def test_tensor_parallel_2(e4: EngineRun) -> None:
     for rank in (0, 1):
         w = e4.worker("warm", rank)
         assert w["world_size"] == 2 and w["loaded_tokens"] >= 255 + 192
+
+
+def test_tensor_parallel_2_background_load_missing_on_one_rank(e4: EngineRun) -> None:
+    assert e4.step("lose_rank1")["removed"] == 1
+    _same(e4.outputs("q_cold")[0], e4.outputs("q_async")[0])
+    before, after = e4.scheduler("lose_rank1"), e4.scheduler("q_async")
+    assert after["async_loads"] - before["async_loads"] == 1
+    assert after["load_failures"] - before["load_failures"] == 1  # counted once
+    assert after["stale_hits"] - before["stale_hits"] == 1
+    r0 = e4.worker("q_async", 0)["failed_chunks"] - e4.worker("lose_rank1", 0)["failed_chunks"]
+    r1 = e4.worker("q_async", 1)["failed_chunks"] - e4.worker("lose_rank1", 1)["failed_chunks"]
+    assert (r0, r1) == (0, 2)  # rank 1 lacks chunk 1, so chunk 2 is not loaded either

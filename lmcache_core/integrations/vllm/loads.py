@@ -47,6 +47,7 @@ class _Job:
     )
     ready: list[tuple[int, torch.Tensor, bool]] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)  # indices into loads
+    absent: list[int] = field(default_factory=list)  # failed because not found / unreadable
     cancelled: bool = False
     loaded_bytes: int = 0
 
@@ -127,8 +128,9 @@ class AsyncLoads:
             job.tiers = [res.tier_of(i) for i in range(res.num_hit)]
         except Exception:
             job.limit = 0
-        if not job.cancelled:
+        if not job.cancelled and job.limit < len(job.loads):
             job.failed.extend(range(job.limit, len(job.loads)))
+            job.absent.append(job.limit)  # the ones after it were not even tried
 
     def _issue(self, job: _Job) -> None:
         if job.inflight is not None or job.lookup is not None or job.cancelled:
@@ -190,6 +192,7 @@ class AsyncLoads:
                     self.loaded_blocks_by_tier[tier] = self.loaded_blocks_by_tier.get(tier, 0) + n
                 elif not hit:
                     job.failed.append(i)
+                    job.absent.append(i)
                 self.buffers.give(buf)
             if now - job.started > self.deadline_s and not job.over():
                 self._abandon(job)
@@ -241,7 +244,7 @@ class AsyncLoads:
             out.failed_chunks[job.req_id] = chunks
             for i in job.failed:
                 out.failed_blocks.update(job.loads[i].block_ids)
-                out.missing_hashes.append(job.loads[i].chunk_hash)
+            out.missing_hashes.extend(job.loads[i].chunk_hash for i in job.absent)
             self.failed_chunks += len(chunks)
         self.loaded_bytes += job.loaded_bytes
         if job.first_read is not None and job.loaded_bytes:

@@ -118,6 +118,7 @@ class _Counters:
     unplannable_loads: int = 0
     delayed_finishes: int = 0
     dropped_saves: int = 0
+    preempted_requests: int = 0
 
 
 class SchedulerSide:
@@ -368,6 +369,7 @@ class SchedulerSide:
         preempted = getattr(scheduler_output, "preempted_req_ids", None) or set()
         for req_id in preempted:
             taint.drop(req_id)
+        self.counters.preempted_requests += len(preempted)
         meta.preempted = sorted(preempted)
         block_state = getattr(scheduler_output, "kv_connector_block_state", None)
         steps: list[tuple[str, int, list[int] | None]] = []
@@ -597,6 +599,7 @@ class SchedulerSide:
             "dropped_saves": c.dropped_saves,
             "unplannable_loads": c.unplannable_loads,
             "delayed_finishes": c.delayed_finishes,
+            "preempted_requests": c.preempted_requests,
             "active_requests": len(self.reqs),
             "index_chunks": len(self.index),
             "step": self.step,
