@@ -99,6 +99,8 @@ class AsyncLoads:
         self.scatter_seconds = 0.0
         #: (bytes, seconds from first read to the poll reporting it finished) per request
         self.throughput: list[tuple[int, float]] = []
+        #: tier -> [bytes, seconds] of finished loads, by the tier of their deepest chunk
+        self.rate_by_tier: dict[str, list[float]] = {}
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -248,7 +250,12 @@ class AsyncLoads:
             self.failed_chunks += len(chunks)
         self.loaded_bytes += job.loaded_bytes
         if job.first_read is not None and job.loaded_bytes:
-            self.throughput.append((job.loaded_bytes, time.monotonic() - job.first_read))
+            seconds = time.monotonic() - job.first_read
+            self.throughput.append((job.loaded_bytes, seconds))
+            tier = job.tiers[-1] if job.tiers else "?"
+            acc = self.rate_by_tier.setdefault(tier, [0.0, 0.0])
+            acc[0] += job.loaded_bytes
+            acc[1] += seconds
 
     def abandon_all(self) -> None:
         """Give up every load (shutdown)."""

@@ -460,6 +460,24 @@ class WorkerSide:
                 out[tier] = out.get(tier, 0) + blocks * self.ctx.block_size
         return out
 
+    def _rates(self) -> dict[str, dict[str, float]]:
+        """Bytes loaded and seconds spent, per tier: loads before the forward pass (read
+        + scatter) and background loads (first read to reported done), the latter by the
+        tier of each request's deepest chunk."""
+        c = self.counters
+        out: dict[str, dict[str, float]] = {}
+        if c.loaded_bytes and self.storage is not None:
+            out[self.storage.tier_names[0]] = {
+                "bytes": float(c.loaded_bytes),
+                "seconds": c.read_seconds + c.scatter_seconds,
+            }
+        if self.loads is not None:
+            for tier, (nbytes, seconds) in self.loads.rate_by_tier.items():
+                acc = out.setdefault(tier, {"bytes": 0.0, "seconds": 0.0})
+                acc["bytes"] += nbytes
+                acc["seconds"] += seconds
+        return out
+
     def stats(self) -> dict[str, Any]:
         c = self.counters
         sv, ld = self.saves, self.loads
@@ -474,6 +492,7 @@ class WorkerSide:
             "loaded_tokens": sum(self._tokens_by_tier().values()),
             "loaded_bytes": c.loaded_bytes + (ld.loaded_bytes if ld is not None else 0),
             "loaded_tokens_by_tier": self._tokens_by_tier(),
+            "load_rate_by_tier": self._rates(),
             "failed_chunks": c.failed_chunks + (ld.failed_chunks if ld is not None else 0),
             "sync_loaded_chunks": c.loaded_chunks,
             "async_loaded_chunks": ld.loaded_chunks if ld is not None else 0,
