@@ -67,8 +67,8 @@ class ConnectorOptions:
         "256MiB",
         kind="bytes",
         minimum=1,
-        doc="Bound on a worker's reused staging buffers (half for loads, half for saves); "
-        "a save finding none free is dropped and counted.",
+        doc="Bound on a worker's reused staging buffers: half for saves (a save finding "
+        "none free is dropped and counted), a quarter each for the two kinds of loads.",
     )
     lookup_deadline_ms: float = option(
         20.0,
