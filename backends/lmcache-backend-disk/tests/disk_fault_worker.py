@@ -10,6 +10,9 @@ Run as a script (``python disk_fault_worker.py MODE ...``); prints one JSON line
     Stores CHUNK-byte values under keys 0..KEYS-1 (random versions) for SECONDS.
 ``reader DIR SECONDS CHUNK SEED``
     Reads random keys for SECONDS; every hit must equal one of the key's versions.
+``pinner DIR TTL FIRST N``
+    Pins keys FIRST..FIRST+N-1 (``pin_many``, TTL seconds), prints ``{"pinned": n}``, waits
+    for its stdin to close, then unpins them and reports.
 
 Values are deterministic: ``value(i, v, n)`` is a fixed random block rotated by an amount
 that depends on key ``i`` and version ``v``, so any process can check any hit bit-exactly.
@@ -155,6 +158,20 @@ async def reader(path: str, seconds: float, chunk: int, seed: int) -> dict[str, 
         await b.close()
 
 
+async def pinner(path: str, ttl: float, first: int, n: int) -> dict[str, Any]:
+    b = backend(path, 1 << 40)
+    await b.start()
+    try:
+        handles = b.pin_many([key_of(first + i) for i in range(n)], ttl_s=ttl)
+        pinned = sum(h is not None for h in handles)
+        print(json.dumps({"pinned": pinned}), flush=True)
+        await asyncio.to_thread(sys.stdin.read)
+        b.unpin_many([h for h in handles if h is not None])
+        return {"pinned": pinned, "stats": b.stats()}
+    finally:
+        await b.close()
+
+
 def main(argv: list[str]) -> None:
     mode = argv[0]
     if mode == "killloop":
@@ -165,6 +182,8 @@ def main(argv: list[str]) -> None:
         )
     elif mode == "reader":
         result = asyncio.run(reader(argv[1], float(argv[2]), int(argv[3]), int(argv[4])))
+    elif mode == "pinner":
+        result = asyncio.run(pinner(argv[1], float(argv[2]), int(argv[3]), int(argv[4])))
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     print(json.dumps(result, default=str), flush=True)

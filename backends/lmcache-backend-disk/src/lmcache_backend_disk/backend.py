@@ -41,6 +41,7 @@ from .maint import DiskMaintenance
 from .objects import ObjectIO, ReadOutcome, ReadResult
 from .options import DiskOptions, dir_mode, parse_mode
 from .owners import OwnerLock, new_owner_id
+from .pins import DiskPins
 from .recovery import DiskRecovery
 from .state import Counters, unlink_quiet
 from .store import DiskStore
@@ -55,7 +56,7 @@ STAGING_POOL_BYTES = 1 << 30
 _EVICT_BATCH = 64
 
 
-class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, BaseBackend):
+class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBackend):
     """Local-directory tier (backend name ``disk``). See the module docstring."""
 
     Options = DiskOptions
@@ -89,6 +90,8 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, BaseBackend):
         self._touch_lock = threading.Lock()
         self._last_flush = 0.0
         self._totals = (0, 0)
+        self._unpin_later: list[int] = []
+        self._unpin_lock = threading.Lock()
         self.counters = Counters()
 
     # ================================================================== plumbing
@@ -242,6 +245,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, BaseBackend):
     async def _close(self) -> None:
         try:
             await self._call(self._flush_touches_sync, True)
+            await self._call(self._drop_own_pins_sync)
         finally:
             await asyncio.get_running_loop().run_in_executor(None, self._shutdown_sync)
 
@@ -439,6 +443,8 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, BaseBackend):
             "read_errors": c.read_errors,
             "reaped_owners": c.reaped_owners,
             "removed_temps": c.removed_temps,
+            "pins": c.pins,
+            "pin_failures": c.pin_failures,
         }
 
 

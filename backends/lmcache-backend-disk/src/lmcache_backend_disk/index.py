@@ -10,6 +10,9 @@ A SQLite database in WAL mode under ``<root>/.lmcache-disk/``:
 ``totals``
     ``used`` (bytes of entries + pending) and ``entries``, kept exact by triggers, so a
     reservation reads usage in O(1) instead of summing 100k rows.
+``pins(id, path, owner, expires)``
+    one row per pin (:meth:`DiskBackend.pin`): eviction skips an entry while it has a pin
+    whose ``expires`` (wall clock) has not passed.
 
 Files are the truth; the index is bookkeeping. Every change that must agree with the files
 (reserve + evict, rename + record, remove) happens inside one ``BEGIN IMMEDIATE``
@@ -28,7 +31,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["IndexTx", "SharedIndex"]
+__all__ = ["IndexBusy", "IndexTx", "SharedIndex"]
 
 SCHEMA_VERSION = "1"
 
@@ -44,6 +47,11 @@ CREATE TABLE IF NOT EXISTS totals(
     id INTEGER PRIMARY KEY CHECK (id = 1), used INTEGER NOT NULL, entries INTEGER NOT NULL);
 INSERT OR IGNORE INTO totals VALUES (1, 0, 0);
 CREATE TABLE IF NOT EXISTS meta(k TEXT PRIMARY KEY, v TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS pins(
+    id INTEGER PRIMARY KEY AUTOINCREMENT, path TEXT NOT NULL, owner TEXT NOT NULL,
+    expires REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS pins_by_path ON pins(path);
+CREATE INDEX IF NOT EXISTS pins_by_owner ON pins(owner);
 CREATE TRIGGER IF NOT EXISTS entries_ins AFTER INSERT ON entries BEGIN
     UPDATE totals SET used = used + NEW.size, entries = entries + 1; END;
 CREATE TRIGGER IF NOT EXISTS entries_del AFTER DELETE ON entries BEGIN
@@ -55,6 +63,10 @@ CREATE TRIGGER IF NOT EXISTS pending_ins AFTER INSERT ON pending BEGIN
 CREATE TRIGGER IF NOT EXISTS pending_del AFTER DELETE ON pending BEGIN
     UPDATE totals SET used = used - OLD.size; END;
 """
+
+
+class IndexBusy(sqlite3.OperationalError):
+    """A bounded wait for the index's write lock ran out (nothing was done)."""
 
 
 class IndexTx:
@@ -87,11 +99,13 @@ class IndexTx:
         row = self._con.execute("SELECT size FROM entries WHERE path = ?", (path,)).fetchone()
         return None if row is None else int(row[0])
 
-    def lru(self, limit: int, offset: int = 0) -> list[tuple[str, int]]:
-        """Entries, least recently used first."""
+    def lru(self, limit: int, offset: int = 0, now: float = 0.0) -> list[tuple[str, int]]:
+        """Entries, least recently used first, leaving out those pinned past ``now``."""
         rows = self._con.execute(
-            "SELECT path, size FROM entries ORDER BY atime, path LIMIT ? OFFSET ?",
-            (limit, offset),
+            "SELECT path, size FROM entries WHERE NOT EXISTS (SELECT 1 FROM pins "
+            "WHERE pins.path = entries.path AND pins.expires > ?) "
+            "ORDER BY atime, path LIMIT ? OFFSET ?",
+            (now, limit, offset),
         ).fetchall()
         return [(str(p), int(s)) for p, s in rows]
 
@@ -135,6 +149,38 @@ class IndexTx:
 
     def pending_tmp_names(self) -> set[str]:
         return {str(r[0]) for r in self._con.execute("SELECT tmp FROM pending")}
+
+    # -- pins ----------------------------------------------------------------------------
+    def add_pins(
+        self, owner: str, paths: list[str], expires: float, now: float
+    ) -> list[int | None]:
+        """Pin each path that has an entry (one pin row each); its id, or ``None``.
+        Expired pins of every owner are dropped on the way."""
+        con = self._con
+        con.execute("DELETE FROM pins WHERE expires <= ?", (now,))
+        out: list[int | None] = []
+        for path in paths:
+            if con.execute("SELECT 1 FROM entries WHERE path = ?", (path,)).fetchone() is None:
+                out.append(None)
+                continue
+            cur = con.execute(
+                "INSERT INTO pins(path, owner, expires) VALUES (?, ?, ?)", (path, owner, expires)
+            )
+            out.append(cur.lastrowid)
+        return out
+
+    def delete_pins(self, ids: Iterable[int]) -> None:
+        self._con.executemany("DELETE FROM pins WHERE id = ?", [(i,) for i in ids])
+
+    def delete_pins_of(self, owner: str) -> int:
+        return self._con.execute("DELETE FROM pins WHERE owner = ?", (owner,)).rowcount
+
+    def pin_owners(self) -> list[str]:
+        return [str(r[0]) for r in self._con.execute("SELECT DISTINCT owner FROM pins")]
+
+    def pinned_count(self, now: float) -> int:
+        row = self._con.execute("SELECT COUNT(*) FROM pins WHERE expires > ?", (now,)).fetchone()
+        return int(row[0]) if row else 0
 
     # -- meta --------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -212,14 +258,31 @@ class SharedIndex:
                 self._con = None
 
     @contextmanager
-    def transaction(self) -> Iterator[IndexTx]:
+    def transaction(self, wait: float | None = None) -> Iterator[IndexTx]:
         """A write transaction (``BEGIN IMMEDIATE``): committed on success, rolled back on
-        error. Holds the index's write lock against every process until it ends."""
-        with self._lock:
+        error. Holds the index's write lock against every process until it ends.
+
+        ``wait`` bounds the time spent waiting for the lock (this process's other threads
+        and other processes): past it :class:`IndexBusy` is raised and nothing is done.
+        """
+        if wait is None:
+            self._lock.acquire()
+        elif not self._lock.acquire(timeout=wait):
+            raise IndexBusy("the index is in use by another thread")
+        try:
             con = self._con
             if con is None:
                 raise sqlite3.ProgrammingError("index is closed")
-            con.execute("BEGIN IMMEDIATE")
+            if wait is None:
+                con.execute("BEGIN IMMEDIATE")
+            else:
+                con.execute(f"PRAGMA busy_timeout = {max(1, int(wait * 1000))}")
+                try:
+                    con.execute("BEGIN IMMEDIATE")
+                except sqlite3.OperationalError as exc:
+                    raise IndexBusy(str(exc)) from exc
+                finally:
+                    con.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             try:
                 yield IndexTx(con)
                 con.execute("COMMIT")
@@ -229,6 +292,8 @@ class SharedIndex:
                 except sqlite3.Error:
                     pass
                 raise
+        finally:
+            self._lock.release()
 
     @contextmanager
     def snapshot(self) -> Iterator[IndexTx]:

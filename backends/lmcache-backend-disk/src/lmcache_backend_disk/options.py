@@ -70,6 +70,14 @@ class DiskOptions:
         "them at once).",
     )
 
+    pin_seconds: float = option(
+        300.0,
+        minimum=0.001,
+        doc="Lifetime of a pin taken by pin()/pin_many() (lookup leases): eviction in every "
+        "process skips a pinned entry until it is unpinned or this many seconds pass, so a "
+        "process that hangs or dies cannot pin forever.",
+    )
+
     def __post_init__(self) -> None:
         parse_mode(self.mode)
 

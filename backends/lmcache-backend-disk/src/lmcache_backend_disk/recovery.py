@@ -24,6 +24,7 @@ class DiskRecovery(DiskState):
         owners = set(list_owner_ids(self.root))
         with self.index.snapshot() as tx:
             owners.update(tx.pending_owners())
+            owners.update(tx.pin_owners())
         owners.discard(self.owner)
         reaped = 0
         for owner in sorted(owners):
@@ -44,6 +45,7 @@ class DiskRecovery(DiskState):
                                 if tx.entry_size(rel) != st.st_size:
                                     tx.upsert_entry(rel, st.st_size, time.time())
                         tx.delete_pending(pending_id)
+                    tx.delete_pins_of(owner)
                     self._totals = tx.totals()
             finally:
                 dead.done()

@@ -43,6 +43,8 @@ class Counters:
         self.read_errors = 0
         self.reaped_owners = 0
         self.removed_temps = 0
+        self.pins = 0  # pins taken
+        self.pin_failures = 0  # pin calls that could not reach the index in time
 
 
 class DiskState:
@@ -64,9 +66,12 @@ class DiskState:
     _seq: Any
     _exec: concurrent.futures.ThreadPoolExecutor | None
     _totals: tuple[int, int]
+    _index: SharedIndex | None
 
     if TYPE_CHECKING:
 
+        @property
+        def started(self) -> bool: ...
         @property
         def index(self) -> SharedIndex: ...
         @property
@@ -81,6 +86,8 @@ class DiskState:
         def _remove_rel_sync(self, rel: str) -> bool: ...
         def _reap_sync(self) -> int: ...
         def _temp_is_stale(self, f: Any, stale_before: float) -> bool: ...
+        def _take_unpins(self) -> list[int]: ...
+        def _requeue_unpins(self, ids: list[int]) -> None: ...
 
 
 def unlink_quiet(path: str) -> bool:

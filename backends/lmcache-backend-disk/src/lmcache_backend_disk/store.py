@@ -171,19 +171,27 @@ class DiskStore(DiskState):
     def _reserve_once(self, writes: list[_Write]) -> None:
         now = time.time()
         touches = self._take_touches()
+        unpins = self._take_unpins()
         granted: list[tuple[_Write, int]] = []
-        with self.index.transaction() as tx:
-            tx.touch(touches)
-            if not self._bound_recorded:  # for inspect: the bound writers enforce
-                tx.set_meta("max_bytes", str(self.max_bytes))
-            for w in writes:
-                if (
-                    w.pending_id is None
-                    and w.size <= self.max_bytes
-                    and self._make_room(tx, w.size)
-                ):
-                    granted.append((w, tx.add_pending(self.owner, w.rel, w.tmp, w.size, now)))
-            totals = tx.totals()
+        try:
+            with self.index.transaction() as tx:
+                tx.touch(touches)
+                if unpins:
+                    tx.delete_pins(unpins)
+                if not self._bound_recorded:  # for inspect: the bound writers enforce
+                    tx.set_meta("max_bytes", str(self.max_bytes))
+                for w in writes:
+                    if (
+                        w.pending_id is None
+                        and w.size <= self.max_bytes
+                        and self._make_room(tx, w.size)
+                    ):
+                        pending_id = tx.add_pending(self.owner, w.rel, w.tmp, w.size, now)
+                        granted.append((w, pending_id))
+                totals = tx.totals()
+        except BaseException:
+            self._requeue_unpins(unpins)
+            raise
         # Only once committed: a failed commit must leave no write believing it holds room.
         for w, pending_id in granted:
             w.pending_id = pending_id
@@ -191,10 +199,12 @@ class DiskStore(DiskState):
         self._bound_recorded = True
 
     def _make_room(self, tx: IndexTx, size: int) -> bool:
-        """Evict least recently used entries until ``size`` more bytes fit."""
+        """Evict least recently used entries until ``size`` more bytes fit (pinned entries
+        and entries being read are skipped)."""
         skipped = 0
+        now = time.time()
         while tx.used() + size > self.max_bytes:
-            batch = tx.lru(_EVICT_BATCH, skipped)
+            batch = tx.lru(_EVICT_BATCH, skipped, now)
             if not batch:
                 return False
             for rel, esize in batch:
