@@ -172,6 +172,48 @@ def remove_in_other_process(disk_dir: str, stats_dir: str, keys: list[Any]) -> i
     return int(out.stdout.strip().splitlines()[-1])
 
 
+_FILL = """
+import json, sys, torch
+from lmcache_backend_disk.backend import DiskBackend
+from lmcache_core import SyncBackend
+from lmcache_core.keys import Namespace
+from lmcache_core.token_db import ChunkedTokenDatabase
+path, ns, n, shape, max_bytes = sys.argv[1], Namespace.from_json(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]), int(sys.argv[5])
+db = ChunkedTokenDatabase(namespace=ns, dtype=ns.kv_dtype)
+with SyncBackend(DiskBackend({"path": path, "max_bytes": max_bytes}, namespace=ns)) as b:
+    for i in range(n):
+        b.put(db.make_key(0xF111 + i), torch.full(shape, float(i)))
+    print(b.stats()["evictions"])
+"""
+
+
+def fill_in_other_process(
+    disk_dir: str, stats_dir: str, n: int, shape: list[int], max_bytes: int
+) -> int:
+    """Store ``n`` filler chunks into the disk tier from another process, making it evict
+    (as another instance sharing the tier would); returns how many entries it evicted."""
+    import subprocess
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _FILL,
+            disk_dir,
+            _namespace(stats_dir).to_json(),
+            str(n),
+            json.dumps(shape),
+            str(max_bytes),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return int(out.stdout.strip().splitlines()[-1])
+
+
 def _write_control(step: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
     from kv_test_backends import write_control
 
@@ -214,7 +256,7 @@ def _last(outputs: list[Any], req_id: str) -> dict[str, Any]:
 
 def _while_waiting(llm: Any, step: dict[str, Any], sp: Any, spec: dict[str, Any]) -> dict[str, Any]:
     """A request that loads in the background; while it waits for its KV, either abort
-    it or have another process remove some of its chunks from the disk tier."""
+    it or have another process fill the disk tier (evicting what it can)."""
     engine = llm.llm_engine
     req_id = f"{step['op']}-{step['name']}"
     free = _scheduler(llm).kv_cache_manager.block_pool.get_num_free_blocks
@@ -228,9 +270,8 @@ def _while_waiting(llm: Any, step: dict[str, Any], sp: Any, spec: dict[str, Any]
         rec["unfinished"] = engine.has_unfinished_requests()
         rec["free_blocks_before"], rec["free_blocks_after"] = before, free()
         return rec
-    keys = chunk_keys(spec["stats_dir"], step["prompt"]["tokens"])
-    rec["removed"] = remove_in_other_process(
-        spec["disk_dir"], spec["stats_dir"], [keys[c] for c in step["chunks"]]
+    rec["evicted"] = fill_in_other_process(
+        spec["disk_dir"], spec["stats_dir"], step["fill_chunks"], step["shape"], step["max_bytes"]
     )
     _finish(llm, outputs)
     rec["outputs"] = [_last(outputs, req_id)]
