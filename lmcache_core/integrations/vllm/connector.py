@@ -135,6 +135,17 @@ class LMCacheCoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
         assert self._scheduler is not None
         return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
 
+    def get_external_cache_hit_sources(
+        self, request: Request, num_external_tokens: int
+    ) -> dict[Any, int]:
+        """Tokens loaded from the workers' memory tier count as ``host``, the rest (shared
+        tiers, loaded in the background) as ``disk``."""
+        from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+        if num_external_tokens <= 0 or self._scheduler is None:
+            return {}
+        return {CacheHitSource(self._scheduler.hit_source(request)): num_external_tokens}
+
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:

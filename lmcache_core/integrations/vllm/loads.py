@@ -105,6 +105,14 @@ class AsyncLoads:
     def __len__(self) -> int:
         return len(self._jobs)
 
+    def running(self) -> set[str]:
+        """Requests whose load is not over."""
+        return set(self._jobs)
+
+    def hashes_in_use(self) -> set[int]:
+        """Chunk hashes of the loads not over."""
+        return {ld.chunk_hash for job in self._jobs.values() for ld in job.loads}
+
     def start(self, req_id: str, loads: list[ChunkLoad], keys: list[CacheEngineKey]) -> None:
         """Begin loading ``loads`` (one request's chunks, in order)."""
         job = _Job(req_id, loads, keys, time.monotonic())

@@ -291,6 +291,12 @@ class SchedulerSide:
             st.plan_async = self._step_load_bytes + nbytes > limit
         return ext, st.plan_async
 
+    def hit_source(self, request: Any) -> str:
+        """Where the request's planned load comes from, for vLLM's hit-source metric:
+        ``host`` (the workers' memory tier) or ``disk`` (a shared tier)."""
+        st = self.reqs.get(request.request_id)
+        return "disk" if st is not None and st.plan_async else "host"
+
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         st = self.reqs.get(request.request_id)
         if st is None or self.taint is None:

@@ -94,6 +94,7 @@ class WorkerSide:
         self._withdrawing: dict[int, object] = {}
         self._pinned_limit = 0
         self._pending_finish: set[str] = set()
+        self._to_release: set[int] = set()
         self._async_reqs: set[str] = set()
 
     # ------------------------------------------------------------------ set-up
@@ -236,11 +237,17 @@ class WorkerSide:
             self.loads.start(req_id, loads, [self.db.make_key(ld.chunk_hash) for ld in loads])
         self._release(meta)
 
-    def _release(self, meta: StepMetadata) -> None:
-        hashes = meta.release.get(self.rank)
-        if not hashes or self.storage is None:
+    def _release(self, meta: StepMetadata | None) -> None:
+        """Unpin the chunks the scheduler no longer offers, except those a background
+        load still reads (planned before the scheduler stopped offering them)."""
+        if meta is not None:
+            self._to_release.update(meta.release.get(self.rank, ()))
+        if not self._to_release or self.storage is None:
             return
-        handles = [h for h in (self._withdrawing.pop(x, None) for x in hashes) if h is not None]
+        busy = self.loads.hashes_in_use() if self.loads is not None else set()
+        ready = [x for x in self._to_release if x not in busy]
+        self._to_release.difference_update(ready)
+        handles = [h for h in (self._withdrawing.pop(x, None) for x in ready) if h is not None]
         if handles:
             self.storage.unpin_top(handles)
 
@@ -377,6 +384,8 @@ class WorkerSide:
                 self._report.missing.setdefault(self.rank, []).extend(out.missing_hashes)
             if recving or out.failed_chunks:
                 self._dirty = True
+        if self._to_release and recving:
+            self._release(None)
         # Loads the worker could not even start (disabled) end at once, all failed.
         stuck = self._async_reqs - (recving | self._running_async())
         if stuck:
@@ -389,7 +398,7 @@ class WorkerSide:
         return sending or None, recving or None
 
     def _running_async(self) -> set[str]:
-        return set(self.loads._jobs) if self.loads is not None else set()
+        return self.loads.running() if self.loads is not None else set()
 
     def take_errors(self) -> set[int]:
         errors, self._errors = self._errors, set()
