@@ -92,6 +92,7 @@ class _Req:
     stored_upto: int = 0  # leading chunks known to be stored (or being stored)
     lookup_local: int = 0
     plan_async: bool = False
+    from_shared: bool = False  # the planned hit reaches into a shared tier
     loading_async: bool = False
     last_save_step: int = -1
     async_failed: set[int] = field(default_factory=set)
@@ -284,7 +285,7 @@ class SchedulerSide:
         ext = hit - num_computed_tokens
         if ext <= 0:
             return 0, False
-        st.plan_async = best > in_memory
+        st.plan_async = st.from_shared = best > in_memory
         if not st.plan_async:
             nbytes = -(-ext // cs) * self._chunk_bytes
             limit = self.ctx.settings.options.max_load_bytes_per_step
@@ -295,7 +296,7 @@ class SchedulerSide:
         """Where the request's planned load comes from, for vLLM's hit-source metric:
         ``host`` (the workers' memory tier) or ``disk`` (a shared tier)."""
         st = self.reqs.get(request.request_id)
-        return "disk" if st is not None and st.plan_async else "host"
+        return "disk" if st is not None and st.from_shared else "host"
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         st = self.reqs.get(request.request_id)
