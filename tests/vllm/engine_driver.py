@@ -219,7 +219,10 @@ def _write_control(step: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]
 
     values = dict(step.get("values", {}))
     fail = step.get("fail")
-    if fail:
+    if fail and "rank" in fail:  # one rank's copies only
+        keys = chunk_keys(spec["stats_dir"], fail["tokens"], fail["rank"], fail["world_size"])
+        values["fail_keys"] = [str(keys[c]) for c in fail["chunks"]]
+    elif fail:
         keys = chunk_keys(spec["stats_dir"], fail["tokens"])
         values["fail"] = [keys[c].chunk_hash_hex for c in fail["chunks"]]
     write_control(spec["control_file"], **values)

@@ -4,7 +4,8 @@ Selected through the configuration's ``backend_class`` escape hatch
 (``"kv_test_backends:FaultyCPUBackend"``; the engine process needs this directory on
 ``PYTHONPATH``). Their extra option ``control`` names a JSON file read on every call::
 
-    {"fail": ["<chunk hash hex>", ...],   # loads of these chunks miss
+    {"fail": ["<chunk hash hex>", ...],   # loads of these chunks miss (on every rank)
+     "fail_keys": ["<key string>", ...],  # loads of these keys miss (one rank's copy)
      "lookup_delay_s": 0.02, "get_delay_s": 2.0, "put_delay_s": 0.0}
 
 so a test changes a running engine's storage behaviour by rewriting that file.
@@ -54,7 +55,10 @@ class Control:
         return self._data
 
     def fails(self, key: CacheEngineKey) -> bool:
-        return key.chunk_hash_hex in set(self.get().get("fail", ()))
+        d = self.get()
+        return key.chunk_hash_hex in set(d.get("fail", ())) or str(key) in set(
+            d.get("fail_keys", ())
+        )
 
     async def delay(self, what: str) -> None:
         s = float(self.get().get(f"{what}_delay_s", 0.0))
