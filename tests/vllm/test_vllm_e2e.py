@@ -250,6 +250,7 @@ def test_cold_vs_warm_identical_with_expected_hits(e1: EngineRun) -> None:
     w = e1.worker("warm")
     assert w["loaded_tokens"] >= 255 + 192 + 63
     assert w["failed_chunks"] == 0
+    assert w["one_copy_per_chunk"]  # vLLM's one backing allocation: one copy for all layers
 
 
 def test_prompt_shorter_than_a_chunk_never_hits(e1: EngineRun) -> None:
