@@ -264,8 +264,8 @@ def _while_waiting(llm: Any, step: dict[str, Any], sp: Any, spec: dict[str, Any]
     req_id = f"{step['op']}-{step['name']}"
     free = _scheduler(llm).kv_cache_manager.block_pool.get_num_free_blocks
     before = free()
-    engine.add_request(req_id, _prompt(step["prompt"]), sp)
-    outputs = _wait_for_kv(llm, req_id)
+    internal_id = engine.add_request(req_id, _prompt(step["prompt"]), sp)
+    outputs = _wait_for_kv(llm, internal_id)  # the scheduler knows it by its internal id
     rec: dict[str, Any] = {}
     if step["op"] == "abort_waiting":
         engine.abort_request([req_id])
