@@ -243,12 +243,16 @@ def _wait_for_kv(llm: Any, req_id: str, max_steps: int = 2000) -> list[Any]:
     raise RuntimeError(f"{req_id} never waited for its KV")
 
 
-def _finish(llm: Any, outputs: list[Any], max_steps: int = 20000) -> list[Any]:
-    engine = llm.llm_engine
-    for _ in range(max_steps):
-        if not engine.has_unfinished_requests():
+def _finish(llm: Any, outputs: list[Any], timeout_s: float = 60.0) -> list[Any]:
+    """Step until no request is left, including finished ones whose blocks wait for
+    the connector (as vLLM's engine-core loop does)."""
+    engine, sched = llm.llm_engine, _scheduler(llm)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not engine.has_unfinished_requests() and not sched.has_requests():
             return outputs
         outputs.extend(engine.step())
+        time.sleep(0.001)
     raise RuntimeError("requests did not finish")
 
 
