@@ -102,7 +102,9 @@ class AsyncLoads:
         #: tier -> [bytes, seconds] of finished loads, by the tier of their deepest chunk
         self.rate_by_tier: dict[str, list[float]] = {}
 
-    def __len__(self) -> int:
+    @property
+    def active(self) -> int:
+        """Loads not over."""
         return len(self._jobs)
 
     def running(self) -> set[str]:

@@ -123,7 +123,9 @@ class ViewLookups:
         else:
             self._drop_later(p)
 
-    def __len__(self) -> int:
+    @property
+    def in_flight(self) -> int:
+        """Requests with a lookup kept (running or answered)."""
         return len(self._pending)
 
     def close(self) -> None:

@@ -598,9 +598,12 @@ class SchedulerSide:
             "load_failures": c.load_failures,
             "failed_chunks": c.failed_chunks,
             "stale_hits": c.stale_hits,
-            "lookup_errors": c.lookup_errors + (self.lookups.errors if self.lookups else 0),
-            "lookups_started": self.lookups.started if self.lookups else 0,
-            "lookup_deadline_misses": self.lookups.deadline_misses if self.lookups else 0,
+            "lookup_errors": c.lookup_errors
+            + (self.lookups.errors if self.lookups is not None else 0),
+            "lookups_started": self.lookups.started if self.lookups is not None else 0,
+            "lookup_deadline_misses": self.lookups.deadline_misses
+            if self.lookups is not None
+            else 0,
             "saves_held_back": c.saves_held_back,
             "save_resets": c.save_resets,
             "dropped_saves": c.dropped_saves,

@@ -507,7 +507,7 @@ class WorkerSide:
             "async_loaded_chunks": ld.loaded_chunks if ld is not None else 0,
             "async_loaded_bytes": ld.loaded_bytes if ld is not None else 0,
             "async_load_deadline_misses": ld.deadline_misses if ld is not None else 0,
-            "async_loads_running": len(ld) if ld is not None else 0,
+            "async_loads_running": ld.active if ld is not None else 0,
             "async_load_throughput": [list(x) for x in ld.throughput[-64:]]
             if ld is not None
             else [],
