@@ -95,7 +95,7 @@ class WorkerSide:
         self._pinned_limit = 0
         self._pending_finish: set[str] = set()
         self._to_release: set[int] = set()
-        self._async_reqs: set[str] = set()
+        self._unstarted: dict[str, list[ChunkLoad]] = {}
 
     # ------------------------------------------------------------------ set-up
     def _tp_rank(self) -> int:
@@ -231,9 +231,9 @@ class WorkerSide:
         if meta.loads:
             self._load_sync(meta)
         for req_id, loads in meta.async_loads.items():
-            self._async_reqs.add(req_id)
             if self.disabled or self.loads is None:
-                continue  # reported as failed in get_finished
+                self._unstarted[req_id] = loads  # reported as failed in get_finished
+                continue
             self.loads.start(req_id, loads, [self.db.make_key(ld.chunk_hash) for ld in loads])
         self._release(meta)
 
@@ -387,18 +387,19 @@ class WorkerSide:
         if self._to_release and recving:
             self._release(None)
         # Loads the worker could not even start (disabled) end at once, all failed.
-        stuck = self._async_reqs - (recving | self._running_async())
-        if stuck:
-            recving |= stuck
-        self._async_reqs -= recving
+        for req_id, loads in self._unstarted.items():
+            for ld in loads:
+                self._errors.update(ld.block_ids)
+                for b in ld.block_ids:
+                    self._failed_at[b] = self._step
+            self._report.async_failed[req_id] = sorted({ld.chunk_index for ld in loads})
+            recving.add(req_id)
+        self._unstarted.clear()
         sending = {
             r for r in self._pending_finish if self.saves is None or self.saves.gathered_for(r)
         }
         self._pending_finish -= sending
         return sending or None, recving or None
-
-    def _running_async(self) -> set[str]:
-        return self.loads.running() if self.loads is not None else set()
 
     def take_errors(self) -> set[int]:
         errors, self._errors = self._errors, set()
