@@ -288,13 +288,14 @@ def scenario_disk(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
 def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> None:
     results: dict[str, list[dict[str, Any]]] = {"none": [], "connector": []}
     for i, kind in enumerate(("none", "connector", "none", "connector")):
-        storage = {
-            "chunk_size": args.chunk_size,
-            "tiers": [
-                {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "2GiB"}},
-                {"name": "disk", "backend": "disk", "options": {"path": str(tmp / f"kv-miss{i}")}},
-            ],
-        }
+        tiers: list[dict[str, Any]] = [
+            {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "2GiB"}}
+        ]
+        if args.miss_tiers == "cpu+disk":
+            tiers.append(
+                {"name": "disk", "backend": "disk", "options": {"path": str(tmp / f"kv-miss{i}")}}
+            )
+        storage = {"chunk_size": args.chunk_size, "tiers": tiers}
         spec = {
             **base,
             "ktc": _ktc(storage, tmp / f"stats-miss{i}") if kind == "connector" else None,
@@ -314,7 +315,8 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         return statistics.median(r["batch_wall"] for r in runs)
 
     print(
-        f"miss: {args.prompts} unique prompts x {args.miss_tokens} tokens (TTFT) and a "
+        f"miss ({args.miss_tiers} tiers): {args.prompts} unique prompts x {args.miss_tokens} "
+        "tokens (TTFT) and a "
         f"20-request batch x {args.batch_tokens} tokens (wall), engines alternating "
         "none / connector / none / connector"
     )
@@ -344,6 +346,7 @@ def main() -> int:
     ap.add_argument("--disk-reps", type=int, default=5)
     ap.add_argument("--miss-tokens", type=int, default=1025)
     ap.add_argument("--batch-tokens", type=int, default=513)
+    ap.add_argument("--miss-tiers", choices=("cpu", "cpu+disk"), default="cpu+disk")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)

@@ -5,12 +5,14 @@ order, 3 at a time, vLLM's own prefix cache off): the workers' stores complete i
 background and evict chunks the scheduler may just have promised. Once with vLLM's
 default ``kv_load_failure_policy`` (``fail``: the connector offers only chunks pinned
 until they are loaded) and once with ``recompute`` (a promised chunk found evicted is
-recomputed and counted as a stale hit). Stores take a few milliseconds in both runs
-(``put_delay_s``), which widens the race as a loaded machine would.
+recomputed and counted as a stale hit). Stores into the memory tier take 50 ms in both
+runs (``put_delay_s``), so a store often completes -- and evicts -- between two groups,
+after the last report the scheduler saw: the race a loaded machine makes likely.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from conftest import EngineRun, Models, connector_config, engine_env, requires_v
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]
 
 N_REQUESTS, GROUP = 50, 3
+PUT_DELAY_S = 0.05
 
 
 def _order() -> list[int]:
@@ -32,7 +35,7 @@ def _order() -> list[int]:
 def _stale_run(model: Path, work: Path, policy: str | None) -> EngineRun:
     name = f"stale-{policy or 'default'}"
     stats, control = work / f"stats-{name}", work / f"control-{name}.json"
-    control.write_text('{"put_delay_s": 0.005}')
+    control.write_text(json.dumps({"put_delay_s": PUT_DELAY_S}))
     storage = {
         "chunk_size": c.CHUNK,
         "tiers": [

@@ -101,9 +101,7 @@ def test_background_load_scatters_when_done_and_fails_past_its_deadline(setup: A
     dst_views = caches("cpu", "LBHNC")
     dst = BlockCopier(dst_views, BLOCKS)
     buffers = ChunkBuffers(copier.chunk_shape(2), torch.float32, max_buffers=2)
-    loads = AsyncLoads(
-        storage, buffers, dst, deadline_s=0.5, max_bytes_per_step=1 << 30, block_nbytes=1
-    )
+    loads = AsyncLoads(storage, buffers, dst, deadline_s=0.5, block_nbytes=1)
 
     def job(req: str, n: int, first_block: int) -> list[ChunkLoad]:
         return [

@@ -4,18 +4,26 @@ A request whose hit includes chunks outside the worker's memory tier is not sche
 until its KV is in place (vLLM keeps it in ``WAITING_FOR_REMOTE_KVS``). A job first looks
 its chunks up in the worker's hierarchy (pinning them where the tier can pin, and
 learning which tier holds each; chunks after the first one missing fail at once), then
-reads them on the storage's IO loop into staging buffers, in batches as buffers allow; each step's :meth:`AsyncLoads.poll` (from ``get_finished``)
-scatters what has arrived into vLLM's blocks — at most ``max_bytes_per_step`` per step —
-and reports the requests whose load is over. A load still running ``deadline_s`` after
-it started is abandoned: its remaining chunks fail (their blocks are recomputed) and its
-buffers come back only once the reads really end, so a late read never writes into a
-buffer in use.
+fetches each chunk on the storage's IO loop into a staging buffer and, as soon as that
+chunk has arrived, copies it into the request's blocks in a helper thread — so copies
+overlap the reads still running, and the engine's steps never wait for either. Each
+step's :meth:`AsyncLoads.poll` (from ``get_finished``) collects what is done, starts
+fetches as staging buffers come back, and reports the requests whose load is over.
+
+Blocks are written only while their load is live: vLLM keeps them allocated until the
+request is reported. A load still running ``deadline_s`` after it started is abandoned
+under the job's lock: no copy into vLLM's blocks starts afterwards (one already running
+finishes first), its unfinished chunks fail (their blocks are recomputed), and its
+buffers come back only once the reads really end.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,23 +49,19 @@ class _Job:
     lookup: concurrent.futures.Future[PrefixLookup] | None = None
     tiers: list[str] = field(default_factory=list)
     limit: int = 0  # chunks found by the lookup (the others fail)
-    next: int = 0  # next chunk to read
-    inflight: tuple[concurrent.futures.Future[list[bool]], list[int], list[torch.Tensor]] | None = (
-        None
-    )
-    ready: list[tuple[int, torch.Tensor, bool]] = field(default_factory=list)
+    next: int = 0  # next chunk to fetch
+    running: int = 0  # fetches in flight
+    done: list[tuple[int, bool]] = field(default_factory=list)  # (chunk, loaded), any thread
+    loaded: set[int] = field(default_factory=set)
     failed: list[int] = field(default_factory=list)  # indices into loads
     absent: list[int] = field(default_factory=list)  # failed because not found / unreadable
     cancelled: bool = False
+    closed: bool = False  # set under lock: no copy into vLLM's blocks may start
+    lock: threading.Lock = field(default_factory=threading.Lock)
     loaded_bytes: int = 0
 
     def over(self) -> bool:
-        return (
-            self.lookup is None
-            and self.next >= len(self.loads)
-            and self.inflight is None
-            and not self.ready
-        )
+        return self.lookup is None and self.next >= len(self.loads) and self.running == 0
 
 
 @dataclass
@@ -80,14 +84,12 @@ class AsyncLoads:
         copier: BlockCopier,
         *,
         deadline_s: float,
-        max_bytes_per_step: int,
         block_nbytes: int,
     ) -> None:
         self.storage = storage
         self.buffers = buffers
         self.copier = copier
         self.deadline_s = deadline_s
-        self.max_bytes_per_step = max_bytes_per_step
         self.block_nbytes = block_nbytes
         self._jobs: dict[str, _Job] = {}
         self.loaded_chunks = 0
@@ -95,7 +97,6 @@ class AsyncLoads:
         self.failed_chunks = 0
         self.deadline_misses = 0
         self.loaded_blocks_by_tier: dict[str, int] = {}
-        self.read_seconds = 0.0
         self.scatter_seconds = 0.0
         #: (bytes, seconds from first read to the poll reporting it finished) per request
         self.throughput: list[tuple[int, float]] = []
@@ -128,8 +129,14 @@ class AsyncLoads:
         for r in req_ids:
             job = self._jobs.get(r)
             if job is not None:
+                self._close(job)
                 job.cancelled = True
                 job.next = len(job.loads)
+
+    @staticmethod
+    def _close(job: _Job) -> None:
+        with job.lock:  # waits for a copy into vLLM's blocks already running
+            job.closed = True
 
     def _looked_up(self, job: _Job) -> None:
         assert job.lookup is not None
@@ -144,95 +151,97 @@ class AsyncLoads:
             job.failed.extend(range(job.limit, len(job.loads)))
             job.absent.append(job.limit)  # the ones after it were not even tried
 
+    # ------------------------------------------------------------------ fetching
     def _issue(self, job: _Job) -> None:
-        if job.inflight is not None or job.lookup is not None or job.cancelled:
+        if job.lookup is not None or job.closed:
             return
         if job.next >= job.limit:
             job.next = len(job.loads)
             return
-        bufs = self.buffers.take_many(job.limit - job.next)
-        if not bufs:
-            return
-        idxs = list(range(job.next, job.next + len(bufs)))
-        job.next += len(bufs)
-        if job.first_read is None:
-            job.first_read = time.monotonic()
-        fut = self.storage.get_into_async([job.keys[i] for i in idxs], bufs)
-        job.inflight = (fut, idxs, bufs)
+        while job.next < job.limit:
+            buf = self.buffers.take()
+            if buf is None:
+                return
+            i = job.next
+            job.next += 1
+            job.running += 1
+            if job.first_read is None:
+                job.first_read = time.monotonic()
+            fut = self.storage.submit(self._fetch(job, i, buf))
+            fut.add_done_callback(self._on_fetched(job, i, buf))
 
-    def _give_back_when_done(self, fut: concurrent.futures.Future[Any], bufs: list[Any]) -> None:
-        def done(_: concurrent.futures.Future[Any]) -> None:
-            for b in bufs:
-                self.buffers.give(b)
+    async def _fetch(self, job: _Job, i: int, buf: torch.Tensor) -> bool:
+        if not await self.storage.hierarchy.get_into(job.keys[i], buf):
+            return False
+        return await asyncio.to_thread(self._scatter, job, i, buf)
 
-        fut.add_done_callback(done)
+    def _scatter(self, job: _Job, i: int, buf: torch.Tensor) -> bool:
+        """Copy a fetched chunk into the request's blocks, unless the load is over."""
+        ld = job.loads[i]
+        n = len(ld.block_ids)
+        with job.lock:
+            if job.closed:
+                return False
+            t0 = time.perf_counter()
+            event = self.copier.scatter_from_host(buf[:, ld.skip : ld.skip + n], ld.block_ids)
+            if event is not None:
+                event.synchronize()
+            self.scatter_seconds += time.perf_counter() - t0
+        return True
 
+    def _on_fetched(
+        self, job: _Job, i: int, buf: torch.Tensor
+    ) -> Callable[[concurrent.futures.Future[bool]], None]:
+        def done(fut: concurrent.futures.Future[bool]) -> None:
+            ok = not fut.cancelled() and fut.exception() is None and bool(fut.result())
+            self.buffers.give(buf)
+            job.done.append((i, ok))  # list.append is atomic
+
+        return done
+
+    # ------------------------------------------------------------------ the step's side
     def poll(self) -> LoadOutcome:
-        """Collect reads, scatter (within this step's byte budget), start further reads,
-        abandon loads past their deadline; report the loads that ended."""
+        """Collect finished fetches, start more, abandon loads past their deadline, and
+        report the loads that are over."""
         out = LoadOutcome()
-        budget = self.max_bytes_per_step
         now = time.monotonic()
         for req_id, job in list(self._jobs.items()):
             if job.lookup is not None and job.lookup.done():
                 self._looked_up(job)
-            if job.inflight is not None and job.inflight[0].done():
-                fut, idxs, bufs = job.inflight
-                job.inflight = None
-                try:
-                    hits = fut.result()
-                except Exception:
-                    hits = [False] * len(idxs)
-                job.ready.extend(zip(idxs, bufs, hits, strict=True))
-            while job.ready and (budget > 0 or job.cancelled):
-                i, buf, hit = job.ready.pop(0)
-                ld = job.loads[i]
-                if hit and not job.cancelled:
-                    t0 = time.perf_counter()
-                    n = len(ld.block_ids)
-                    event = self.copier.scatter_from_host(
-                        buf[:, ld.skip : ld.skip + n], ld.block_ids
-                    )
-                    if event is not None:
-                        event.synchronize()
-                    self.scatter_seconds += time.perf_counter() - t0
-                    nbytes = n * self.block_nbytes
-                    budget -= nbytes
-                    job.loaded_bytes += nbytes
+            while job.done:
+                i, ok = job.done.pop(0)
+                job.running -= 1
+                if job.cancelled:
+                    continue
+                if ok and not job.closed:
+                    job.loaded.add(i)
+                    n = len(job.loads[i].block_ids)
+                    job.loaded_bytes += n * self.block_nbytes
                     self.loaded_chunks += 1
                     tier = job.tiers[i] if i < len(job.tiers) else "?"
                     self.loaded_blocks_by_tier[tier] = self.loaded_blocks_by_tier.get(tier, 0) + n
-                elif not hit:
+                elif not ok:
                     job.failed.append(i)
                     job.absent.append(i)
-                self.buffers.give(buf)
-            if now - job.started > self.deadline_s and not job.over():
+            if now - job.started > self.deadline_s and not job.over() and not job.closed:
                 self._abandon(job)
             self._issue(job)
-            if job.over():
+            if job.over() or (job.closed and job.lookup is None):
                 del self._jobs[req_id]
                 self._finish(job, out)
         return out
 
     def _abandon(self, job: _Job) -> None:
+        """Past the deadline: no copy starts any more; what is not in place has failed."""
+        self._close(job)
         if not job.cancelled:
             self.deadline_misses += 1
         if job.lookup is not None:
             lookup, job.lookup = job.lookup, None
             self._release_when_done(lookup, job.keys)
-            job.failed.extend(range(len(job.loads)))
-            job.next = len(job.loads)
-            return
-        if job.inflight is not None:
-            fut, idxs, bufs = job.inflight
-            job.inflight = None
-            job.failed.extend(idxs)
-            self._give_back_when_done(fut, bufs)
-        for i, buf, _ in job.ready:
-            job.failed.append(i)
-            self.buffers.give(buf)
-        job.ready.clear()
-        job.failed.extend(range(job.next, len(job.loads)))
+            job.limit = 0
+        done = set(job.loaded) | set(job.failed)
+        job.failed.extend(i for i in range(len(job.loads)) if i not in done)
         job.next = len(job.loads)
 
     def _release_when_done(
@@ -248,15 +257,17 @@ class AsyncLoads:
 
     def _finish(self, job: _Job, out: LoadOutcome) -> None:
         out.finished.add(job.req_id)
-        self.storage.release_soon(job.keys[: job.limit])
+        if job.limit:
+            self.storage.release_soon(job.keys[: job.limit])
         if job.cancelled:
             return
-        if job.failed:
-            chunks = sorted({job.loads[i].chunk_index for i in job.failed})
+        failed = sorted(set(job.failed))
+        if failed:
+            chunks = sorted({job.loads[i].chunk_index for i in failed})
             out.failed_chunks[job.req_id] = chunks
-            for i in job.failed:
+            for i in failed:
                 out.failed_blocks.update(job.loads[i].block_ids)
-            out.missing_hashes.extend(job.loads[i].chunk_hash for i in job.absent)
+            out.missing_hashes.extend(job.loads[i].chunk_hash for i in sorted(set(job.absent)))
             self.failed_chunks += len(chunks)
         self.loaded_bytes += job.loaded_bytes
         if job.first_read is not None and job.loaded_bytes:
@@ -268,15 +279,16 @@ class AsyncLoads:
             acc[1] += seconds
 
     def abandon_all(self) -> None:
-        """Give up every load (shutdown)."""
+        """Give up every load (shutdown): no copy into vLLM's blocks starts afterwards."""
         for job in self._jobs.values():
+            self._close(job)
             job.cancelled = True
             if job.lookup is not None:
                 self._release_when_done(job.lookup, job.keys)
-            else:
+            elif job.limit:
                 self.storage.release_soon(job.keys[: job.limit])
-            if job.inflight is not None:
-                fut, _, bufs = job.inflight
-                job.inflight = None
-                self._give_back_when_done(fut, bufs)
         self._jobs.clear()
+
+    def pending_fetches(self) -> Any:
+        """Fetches still running (tests)."""
+        return sum(job.running for job in self._jobs.values())

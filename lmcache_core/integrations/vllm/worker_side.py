@@ -172,7 +172,6 @@ class WorkerSide:
             ChunkBuffers(shape, self.copier.dtype, n // 4),
             self.copier,
             deadline_s=opts.load_deadline_s,
-            max_bytes_per_step=opts.max_load_bytes_per_step,
             block_nbytes=self.copier.block_nbytes,
         )
         self._report_stored = self.storage.top_is_private_memory
