@@ -161,3 +161,18 @@ def test_io_timeout_is_deprecated_and_becomes_the_load_deadline(
     s = parse_settings({"io_timeout_s": 9, "load_deadline_s": 2})
     assert s.options.load_deadline_s == 2
     assert parse_settings(None).options.lookup_deadline_ms == 20
+
+
+def test_an_early_lookup_answers_for_a_later_start(setup: Any) -> None:
+    storage, copier, _, _ = setup
+    src = torch.empty(copier.chunk_shape(2))
+    keys = [DB.make_key(60 + i) for i in range(3)]
+    assert storage.put(keys, [src, src, src]) == [True] * 3
+    lk = ViewLookups(storage, deadline_s=5.0, lease_s=10.0, reuse_s=5.0)
+    lk.prefetch("r", [0], [keys])  # when vLLM receives the request
+    _wait(lambda: lk.poll("r", [0], [keys]) is not None)
+    # vLLM's own prefix cache already holds chunk 0: the same lookup answers for 1..
+    res = lk.poll("r", [1], [keys[1:]])
+    assert res is not None and res.found == [2] and res.pinned == [2]
+    assert lk.started == 1
+    lk.release("r")

@@ -146,6 +146,10 @@ class LMCacheCoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
             return {}
         return {CacheHitSource(self._scheduler.hit_source(request)): num_external_tokens}
 
+    def on_new_request(self, request: Request) -> None:
+        if self._scheduler is not None:
+            self._scheduler.on_new_request(request)
+
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:

@@ -60,21 +60,52 @@ class ViewLookups:
         self, req_id: str, starts: Sequence[int], keys: Sequence[Sequence[CacheEngineKey]]
     ) -> RankHits | None:
         """Hits for ``keys`` (one list per rank, starting at chunk ``starts[rank]``), or
-        ``None`` while the lookup runs. A lookup past its deadline answers no hits."""
+        ``None`` while the lookup runs. A lookup past its deadline answers no hits.
+
+        A lookup started earlier for the request from the same or earlier chunks (see
+        :meth:`prefetch`) answers for later starts too."""
         now = time.monotonic()
         p = self._pending.get(req_id)
         if p is not None and (
-            list(starts) != p.starts or (p.done_at is not None and now - p.done_at > self.reuse_s)
+            any(s < ps for s, ps in zip(starts, p.starts, strict=False))
+            or len(starts) != len(p.starts)
+            or (p.done_at is not None and now - p.done_at > self.reuse_s)
         ):
             self.release(req_id)
             p = None
         if p is None:
-            fut = self.view.lookup_ranks([list(k) for k in keys], self.lease_s)
-            p = _Pending(fut, [list(k) for k in keys], list(starts), now)
-            self._pending[req_id] = p
-            self.started += 1
-        if p.hits is not None:
-            return p.hits
+            p = self._start(req_id, starts, keys, now)
+        hits = p.hits if p.hits is not None else self._answer(p, now)
+        if hits is None:
+            return None
+        return RankHits(
+            [max(0, ps + f - s) for ps, f, s in zip(p.starts, hits.found, starts, strict=True)],
+            [max(0, ps + f - s) for ps, f, s in zip(p.starts, hits.pinned, starts, strict=True)],
+        )
+
+    def prefetch(
+        self, req_id: str, starts: Sequence[int], keys: Sequence[Sequence[CacheEngineKey]]
+    ) -> None:
+        """Start the request's lookup now (when vLLM first sees it), so it is likely done
+        by the time vLLM asks."""
+        if req_id not in self._pending:
+            self._start(req_id, starts, keys, time.monotonic())
+
+    def _start(
+        self,
+        req_id: str,
+        starts: Sequence[int],
+        keys: Sequence[Sequence[CacheEngineKey]],
+        now: float,
+    ) -> _Pending:
+        fut = self.view.lookup_ranks([list(k) for k in keys], self.lease_s)
+        p = _Pending(fut, [list(k) for k in keys], list(starts), now)
+        self._pending[req_id] = p
+        self.started += 1
+        return p
+
+    def _answer(self, p: _Pending, now: float) -> RankHits | None:
+        keys = p.keys
         if not p.future.done():
             if now - p.started <= self.deadline_s:
                 return None

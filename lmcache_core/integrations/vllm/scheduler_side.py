@@ -260,21 +260,11 @@ class SchedulerSide:
             return 0, False
         cs = self.ctx.chunk_size
         n = len(hashes)
-        first = num_computed_tokens // cs
-        starts = []
-        for rank in range(self.ctx.world_size):
-            bit, j = 1 << rank, first
-            while j < n and self.index.mask(hashes[j]) & bit:
-                j += 1
-            starts.append(j)
+        starts = self._memory_prefix(hashes, num_computed_tokens // cs)
         in_memory = min(starts)
         best = in_memory
         if self.lookups is not None and in_memory < n:
-            keys = [
-                [self._dbs[r].make_key(h) for h in hashes[starts[r] :]]
-                for r in range(self.ctx.world_size)
-            ]
-            hits = self.lookups.poll(request.request_id, starts, keys)
+            hits = self.lookups.poll(request.request_id, starts, self._view_keys(hashes, starts))
             if hits is None:
                 return None, False  # ask again later: the lookup runs in the background
             usable = hits.pinned if self.fail_policy else hits.found
@@ -297,6 +287,37 @@ class SchedulerSide:
         ``host`` (the workers' memory tier) or ``disk`` (a shared tier)."""
         st = self.reqs.get(request.request_id)
         return "disk" if st is not None and st.from_shared else "host"
+
+    def _memory_prefix(self, hashes: list[int], first: int) -> list[int]:
+        """Per rank: the first chunk from ``first`` on that its memory tier lacks."""
+        starts = []
+        for rank in range(self.ctx.world_size):
+            bit, j = 1 << rank, first
+            while j < len(hashes) and self.index.mask(hashes[j]) & bit:
+                j += 1
+            starts.append(j)
+        return starts
+
+    def _view_keys(self, hashes: list[int], starts: list[int]) -> list[list[Any]]:
+        return [
+            [self._dbs[r].make_key(h) for h in hashes[starts[r] :]]
+            for r in range(self.ctx.world_size)
+        ]
+
+    def on_new_request(self, request: Any) -> None:
+        """Start the shared-tier lookup as soon as vLLM receives the request, so it has
+        usually finished when vLLM first asks (no extra scheduler step for it)."""
+        if self.disabled or self.keyer is None or self.lookups is None:
+            return
+        try:
+            st = self._state(request)
+            starts = self._memory_prefix(st.hashes, 0)
+            if st.hashes and min(starts) < len(st.hashes):
+                self.lookups.prefetch(
+                    request.request_id, starts, self._view_keys(st.hashes, starts)
+                )
+        except Exception:
+            log.exception("LMCacheCoreConnector: early lookup of %s failed", request.request_id)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         st = self.reqs.get(request.request_id)
