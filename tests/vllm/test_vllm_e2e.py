@@ -6,8 +6,7 @@ Four engine processes, each running many cases (see the ``engine_*`` fixtures):
   short prompts, exact chunk multiples, cache salts, a batch sharing a prefix, aborts;
 * ``e2`` (a **new** multiprocess engine, prefix caching on, no ``PYTHONHASHSEED``, same
   disk directory): reuse from disk, a corrupted chunk, a local + external hit, reuse
-  from the CPU tier after resetting vLLM's prefix cache, a chunk gone between lookup and
-  load;
+  from the CPU tier after resetting vLLM's prefix cache, chunks gone from every tier;
 * ``e3``: a model with the same ``config.json`` but other weights on the same disk (the
   connector selected through ``kv_connector_module_path``);
 * ``e4``: tensor parallel 2 (worker connectors in two other processes), including a
@@ -342,12 +341,17 @@ def test_reuse_from_cpu_tier_after_prefix_cache_reset(e2: EngineRun) -> None:
     assert e2.worker("cpu_warm")["loaded_tokens_by_tier"]["cpu"] - before == 192
 
 
-def test_chunk_gone_between_lookup_and_load_is_recomputed(e2: EngineRun) -> None:
+def test_chunks_gone_from_every_tier_are_a_clean_miss(e2: EngineRun) -> None:
+    # EVICT's chunks were deleted from disk and evicted from the memory tier by the
+    # fillers; the memory tier reported the evictions, so the scheduler promises
+    # nothing: a miss, not a failed load.
     assert e2.step("delete")["deleted"]
     cold, warm, again = (e2.outputs(n)[0] for n in ("evict_cold", "evict_warm", "evict_again"))
     assert warm["finish_reason"] == "length"
     _same(cold, warm)
-    assert e2.worker("evict_warm")["failed_chunks"] > e2.worker("fill")["failed_chunks"]
+    assert warm["num_cached_tokens"] == 0
+    assert e2.worker("evict_warm")["failed_chunks"] == e2.worker("fill")["failed_chunks"]
+    assert e2.scheduler("evict_warm")["stale_hits"] == e2.scheduler("fill")["stale_hits"]
     # The recomputed chunks were stored again.
     assert again["num_cached_tokens"] == c.expected_hit(len(c.EVICT)) == 191
     _same(cold, again)
