@@ -372,6 +372,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 Path(disk_dir, rel).unlink(missing_ok=True)
         else:
             raise ValueError(f"unknown op {op!r}")
+        if step.get("pause_after_s"):  # the engine idles; background work goes on
+            time.sleep(float(step["pause_after_s"]))
         rec["seconds"] = time.monotonic() - t1
         rec["stats"] = _stats(stats_dir)
         if disk_dir and op == "generate" and not step.get("no_disk_wait"):

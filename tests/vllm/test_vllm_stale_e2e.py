@@ -6,8 +6,9 @@ background and evict chunks the scheduler may just have promised. Once with vLLM
 default ``kv_load_failure_policy`` (``fail``: the connector offers only chunks pinned
 until they are loaded) and once with ``recompute`` (a promised chunk found evicted is
 recomputed and counted as a stale hit). Stores into the memory tier take 50 ms in both
-runs (``put_delay_s``), so a store often completes -- and evicts -- between two groups,
-after the last report the scheduler saw: the race a loaded machine makes likely.
+runs (``put_delay_s``) and the engine idles 250 ms between groups, so the last stores of
+a group complete -- and evict -- after the last report the scheduler saw before the next
+group's lookups: the race a busy server runs into, made frequent.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]
 
 N_REQUESTS, GROUP = 50, 3
 PUT_DELAY_S = 0.05
+PAUSE_S = 0.25
 
 
 def _order() -> list[int]:
@@ -50,7 +52,15 @@ def _stale_run(model: Path, work: Path, policy: str | None) -> EngineRun:
     steps: list[dict[str, Any]] = []
     for start in range(0, N_REQUESTS, GROUP):
         group = [{"tokens": c.STALE[i]} for i in order[start : start + GROUP]]
-        steps.append({"op": "generate", "name": f"g{start}", "prompts": group, "max_tokens": 2})
+        steps.append(
+            {
+                "op": "generate",
+                "name": f"g{start}",
+                "prompts": group,
+                "max_tokens": 2,
+                "pause_after_s": PAUSE_S,
+            }
+        )
     engine = {
         "model": str(model),
         "dtype": "float32",
