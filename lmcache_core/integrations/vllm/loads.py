@@ -59,6 +59,7 @@ class _Job:
     closed: bool = False  # set under lock: no copy into vLLM's blocks may start
     lock: threading.Lock = field(default_factory=threading.Lock)
     loaded_bytes: int = 0
+    last_fetch: float = 0.0  # when the last fetch completed (any thread)
 
     def over(self) -> bool:
         return self.lookup is None and self.next >= len(self.loads) and self.running == 0
@@ -98,8 +99,9 @@ class AsyncLoads:
         self.deadline_misses = 0
         self.loaded_blocks_by_tier: dict[str, int] = {}
         self.scatter_seconds = 0.0
-        #: (bytes, seconds from first read to the poll reporting it finished) per request
-        self.throughput: list[tuple[int, float]] = []
+        #: per request: bytes, seconds from the first read to the poll reporting it
+        #: finished, and to the last chunk in place
+        self.throughput: list[tuple[int, float, float]] = []
         #: tier -> [bytes, seconds] of finished loads, by the tier of their deepest chunk
         self.rate_by_tier: dict[str, list[float]] = {}
 
@@ -195,6 +197,7 @@ class AsyncLoads:
         def done(fut: concurrent.futures.Future[bool]) -> None:
             ok = not fut.cancelled() and fut.exception() is None and bool(fut.result())
             self.buffers.give(buf)
+            job.last_fetch = time.monotonic()
             job.done.append((i, ok))  # list.append is atomic
 
         return done
@@ -272,7 +275,9 @@ class AsyncLoads:
         self.loaded_bytes += job.loaded_bytes
         if job.first_read is not None and job.loaded_bytes:
             seconds = time.monotonic() - job.first_read
-            self.throughput.append((job.loaded_bytes, seconds))
+            self.throughput.append(
+                (job.loaded_bytes, seconds, max(0.0, job.last_fetch - job.first_read))
+            )
             tier = job.tiers[-1] if job.tiers else "?"
             acc = self.rate_by_tier.setdefault(tier, [0.0, 0.0])
             acc[0] += job.loaded_bytes
