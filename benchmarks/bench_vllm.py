@@ -13,10 +13,10 @@ Scenarios (``--scenario``, default all), on the demo's model (8-layer float32 Ll
   disk backend's own ``batched_get_into`` of the same N chunks, same batch and
   concurrency, page cache dropped, interleaved. Target: >= 0.7x.
 * ``miss``: the connector's cost when nothing hits (CPU + disk tiers, saves included):
-  TTFT of unique prompts and the wall time of a 20-request batch of unique prompts,
-  engine processes with and without the connector alternating (none, connector, none,
-  connector); ratios of medians and the A/A spread between the two runs without it.
-  Target: <= 1.05x.
+  two engine processes, with and without the connector, alive together and measured
+  alternately in random order: TTFT of unique prompts and the wall time of a 20-request
+  batch of unique prompts; ratios of medians, and the A/A spread (the engine without the
+  connector, later half of its samples against the first half). Target: <= 1.05x.
 
 Run: ``.venv/bin/python benchmarks/bench_vllm.py`` (about 6 minutes here; engines run in
 child processes). ``--scenario hit --tier disk`` measures a disk-tier hit instead.
@@ -166,24 +166,36 @@ def _child_disk(spec: dict[str, Any]) -> dict[str, Any]:
     return {**rows, "chunks": len(keys), "chunk_bytes": outs[0].numel() * 4}
 
 
-def _child_miss(spec: dict[str, Any]) -> dict[str, Any]:
+def _child_serve(spec: dict[str, Any], out_prefix: str) -> None:
+    """An engine that runs the miss measurements the parent asks for, one per line of
+    stdin (``ttft SEED`` or ``batch SEED``), answering ``DONE n`` on stdout once the
+    result is in ``<out_prefix>.<n>.json``."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     llm = _llm(spec)
     _ttft(llm, list(range(4, 300)))
-    ttft = [_ttft(llm, p)[0] for p in _prompts(spec, spec["prompts"], spec["tokens"], spec["seed"])]
-    batch = [
-        TokensPrompt(prompt_token_ids=p)
-        for p in _prompts(spec, 20, spec["batch_tokens"], spec["seed"] + 1)
-    ]
     sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    t0 = time.perf_counter()
-    outs = llm.generate(batch, sp, use_tqdm=False)
-    wall = time.perf_counter() - t0
-    assert all(o.num_cached_tokens == 0 for o in outs)
+    print("READY", flush=True)
+    for n, line in enumerate(sys.stdin):
+        what, seed = line.split()
+        if what == "ttft":
+            (p,) = _prompts(spec, 1, spec["tokens"], int(seed))
+            res: Any = _ttft(llm, p)[0]
+        elif what == "batch":
+            batch = [
+                TokensPrompt(prompt_token_ids=p)
+                for p in _prompts(spec, 20, spec["batch_tokens"], int(seed))
+            ]
+            t0 = time.perf_counter()
+            outs = llm.generate(batch, sp, use_tqdm=False)
+            res = time.perf_counter() - t0
+            assert all(o.num_cached_tokens == 0 for o in outs)
+        else:
+            break
+        Path(f"{out_prefix}.{n}.json").write_text(json.dumps(res))
+        print(f"DONE {n}", flush=True)
     llm.llm_engine.engine_core.shutdown()
-    return {"ttft": ttft, "batch_wall": wall}
 
 
 # ---------------------------------------------------------------------------- parent
@@ -305,51 +317,106 @@ def scenario_disk(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
     print(f"  worker / backend batched: {w / b:.2f}x (per repetition {_spread(ratios)})")
 
 
+class _Server:
+    """A child engine process taking miss measurements on request (see _child_serve)."""
+
+    def __init__(self, name: str, spec: dict[str, Any], tmp: Path) -> None:
+        spec_path = tmp / f"serve-{name}.spec.json"
+        spec_path.write_text(json.dumps(spec))
+        self.out = str(tmp / f"serve-{name}")
+        self.log = open(tmp / f"serve-{name}.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                "serve",
+                "--spec",
+                str(spec_path),
+                "--out",
+                self.out,
+            ],
+            env={**_env(True), "VLLM_CPU_KVCACHE_SPACE": "2"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+        )
+        self.n = 0
+        self._wait("READY")
+
+    def _wait(self, marker: str) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.strip() == marker:
+                return
+        raise SystemExit(f"engine child exited; see {self.log.name}")
+
+    def ask(self, what: str, seed: int) -> float:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{what} {seed}\n")
+        self.proc.stdin.flush()
+        self._wait(f"DONE {self.n}")
+        res = float(json.loads(Path(f"{self.out}.{self.n}.json").read_text()))
+        self.n += 1
+        return res
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=120)
+        self.log.close()
+
+
 def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> None:
-    results: dict[str, list[dict[str, Any]]] = {"none": [], "connector": []}
-    for i, kind in enumerate(("none", "connector", "none", "connector")):
-        tiers: list[dict[str, Any]] = [
-            {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "2GiB"}}
-        ]
-        if args.miss_tiers == "cpu+disk":
-            tiers.append(
-                {"name": "disk", "backend": "disk", "options": {"path": str(tmp / f"kv-miss{i}")}}
-            )
-        storage = {"chunk_size": args.chunk_size, "tiers": tiers}
-        spec = {
-            **base,
-            "ktc": _ktc(storage, tmp / f"stats-miss{i}") if kind == "connector" else None,
-            "tokens": args.miss_tokens,
-            "prompts": args.prompts,
-            "batch_tokens": args.batch_tokens,
-            "seed": 100 + i,
-        }
-        results[kind].append(_run_child("miss", spec, tmp))
+    tiers: list[dict[str, Any]] = [
+        {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "2GiB"}}
+    ]
+    if args.miss_tiers == "cpu+disk":
+        tiers.append({"name": "disk", "backend": "disk", "options": {"path": str(tmp / "kv-miss")}})
+    storage = {"chunk_size": args.chunk_size, "tiers": tiers}
+    common = {**base, "tokens": args.miss_tokens, "batch_tokens": args.batch_tokens}
+    servers = {
+        "none": _Server("none", {**common, "ktc": None}, tmp),
+        "connector": _Server(
+            "connector", {**common, "ktc": _ktc(storage, tmp / "stats-miss")}, tmp
+        ),
+    }
+    rng = random.Random(3)
+    samples: dict[str, dict[str, list[float]]] = {k: {"ttft": [], "batch": []} for k in servers}
+    try:
+        for rep in range(args.miss_reps):
+            order = list(servers)
+            rng.shuffle(order)
+            for what in ("ttft", "batch"):
+                for name in order:
+                    time.sleep(0.5)  # let the other engine's threads go idle
+                    seed = (
+                        1000 * rep + (0 if name == "none" else 500) + (7 if what == "batch" else 0)
+                    )
+                    samples[name][what].append(servers[name].ask(what, seed))
+    finally:
+        for srv in servers.values():
+            srv.close()
 
-    def ttft(kind: str, run: int | None = None) -> float:
-        runs = results[kind] if run is None else [results[kind][run]]
-        return statistics.median(t for r in runs for t in r["ttft"])
-
-    def wall(kind: str, run: int | None = None) -> float:
-        runs = results[kind] if run is None else [results[kind][run]]
-        return statistics.median(r["batch_wall"] for r in runs)
+    def med(xs: list[float]) -> float:
+        return statistics.median(xs)
 
     print(
-        f"miss ({args.miss_tiers} tiers): {args.prompts} unique prompts x {args.miss_tokens} "
-        "tokens (TTFT) and a "
-        f"20-request batch x {args.batch_tokens} tokens (wall), engines alternating "
-        "none / connector / none / connector"
+        f"miss ({args.miss_tiers} tiers): two engine processes, with and without the "
+        f"connector, measured alternately ({args.miss_reps} rounds, random order): TTFT of "
+        f"one unique {args.miss_tokens}-token prompt, wall time of 20 unique "
+        f"{args.batch_tokens}-token prompts"
     )
-    print(
-        f"  TTFT median: none {ttft('none') * 1e3:.1f} ms, connector "
-        f"{ttft('connector') * 1e3:.1f} ms -> {ttft('connector') / ttft('none'):.3f}x "
-        f"(A/A none run 2 / run 1: {ttft('none', 1) / ttft('none', 0):.3f}x)"
-    )
-    print(
-        f"  batch wall: none {wall('none'):.2f} s, connector {wall('connector'):.2f} s -> "
-        f"{wall('connector') / wall('none'):.3f}x "
-        f"(A/A none run 2 / run 1: {wall('none', 1) / wall('none', 0):.3f}x)"
-    )
+    for what, unit, scale in (("ttft", "ms", 1e3), ("batch", "s", 1.0)):
+        none, conn = samples["none"][what], samples["connector"][what]
+        half = len(none) // 2
+        aa = med(none[half:]) / med(none[:half]) if half else float("nan")
+        print(
+            f"  {what:<5} median: none {med(none) * scale:.1f} {unit}, connector "
+            f"{med(conn) * scale:.1f} {unit} -> {med(conn) / med(none):.3f}x "
+            f"(A/A, none's later half / first half: {aa:.3f}x)"
+        )
 
 
 def main() -> int:
@@ -372,13 +439,17 @@ def main() -> int:
     ap.add_argument("--miss-tokens", type=int, default=1025)
     ap.add_argument("--batch-tokens", type=int, default=513)
     ap.add_argument("--miss-tiers", choices=("cpu", "cpu+disk"), default="cpu+disk")
+    ap.add_argument("--miss-reps", type=int, default=6)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         spec = json.loads(Path(args.spec).read_text())
-        fn = {"hit": _child_hit, "disk": _child_disk, "miss": _child_miss}[args.child]
+        if args.child == "serve":
+            _child_serve(spec, args.out)
+            return 0
+        fn = {"hit": _child_hit, "disk": _child_disk}[args.child]
         Path(args.out).write_text(json.dumps(fn(spec)))
         return 0
 
