@@ -8,7 +8,7 @@ STAGE  := tools/stage
 # Every first-party distribution in the repository (backends/*, plugins/*).
 DISTS  := $(patsubst %/,%,$(sort $(dir $(wildcard backends/*/pyproject.toml plugins/*/pyproject.toml))))
 
-.PHONY: venv demo test lint typecheck pytest bench clean
+.PHONY: venv demo test lint typecheck pytest bench bench-peer faults clean
 
 venv: $(STAMP)
 
@@ -39,5 +39,35 @@ test: lint typecheck pytest
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
 
+# Side by side with LMCache 0.5.6 (docs/performance.md). Its own venv, beside .venv:
+# LMCache without its CUDA dependencies (cupy, cuda-python, nvtx, ...), only what its CPU
+# and disk backends and token database import; torch stays the local CPU wheel.
+PEER       := .venv-peer
+PEER_STAMP := $(PEER)/.installed
+PEER_DEPS  := 'numpy<=2.2.6' numba 'transformers>=5.4' sortedcontainers requests msgspec \
+              psutil py-cpuinfo aiofiles aiofile aiohttp cryptography 'prometheus_client<=0.24.1' \
+              pyzmq blake3 cachetools 'setuptools<81'
+
+$(PEER_STAMP): pyproject.toml Makefile $(wildcard backends/*/pyproject.toml plugins/*/pyproject.toml)
+	$(STAGE) peer-venv $(PYTHON) -m venv $(PEER)
+	$(STAGE) peer-pip $(PEER)/bin/pip install -q --upgrade pip
+	$(STAGE) peer-torch $(PEER)/bin/pip install -q torch==2.13.0
+	$(STAGE) peer-deps $(PEER)/bin/pip install -q $(PEER_DEPS)
+	$(STAGE) peer-lmcache $(PEER)/bin/pip install -q --no-deps lmcache==0.5.6
+	$(STAGE) peer-project $(PEER)/bin/pip install -q --no-deps -e . $(foreach d,$(DISTS),-e '$(d)')
+	$(STAGE) peer-project-deps $(PEER)/bin/pip install -q safetensors xxhash pluggy pyyaml
+	$(PEER)/bin/python -c "import torch, lmcache.v1.storage_backend.local_disk_backend; \
+	  assert torch.__version__.endswith('+cpu'), torch.__version__"
+	! $(PEER)/bin/pip list 2>/dev/null | grep -i -E '^(nvidia|cupy|cuda|triton)'
+	touch $(PEER_STAMP)
+
+bench-peer: $(PEER_STAMP)
+	$(PEER)/bin/python benchmarks/bench_peer.py
+
+# The full fault campaign (docs/reliability.md); `make test` runs a bounded sample of it.
+FAULT_DIRS := $(wildcard tests/faults backends/lmcache-backend-disk/tests/faults)
+faults: $(STAMP)
+	LMCACHE_FAULTS_FULL=1 $(BIN)/python -m pytest $(FAULT_DIRS) -q -s
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PEER) .pytest_cache .mypy_cache .ruff_cache

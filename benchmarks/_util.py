@@ -38,3 +38,40 @@ def interleaved(
                 fn()
                 samples[name].append(time.perf_counter() - t0)
     return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def interleaved_samples(
+    fns: dict[str, Callable[[], object]], rounds: int = 21, block: int = 5, warmup: int = 2
+) -> dict[str, list[float]]:
+    """All sample times (seconds) of several functions, measured round-robin: each round
+    runs every function ``block`` times in turn. Register one contender twice under two
+    names to get its A/A spread (:func:`aa_spread`)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    clock = time.perf_counter
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            out = samples[name]
+            for _ in range(block):
+                t0 = clock()
+                fn()
+                out.append(clock() - t0)
+    return samples
+
+
+def pct(samples: list[float], q: float) -> float:
+    """The ``q``-th percentile (nearest rank) of ``samples``; 50 is the median."""
+    if not samples:
+        raise ValueError("no samples")
+    if q == 50:
+        return statistics.median(samples)
+    s = sorted(samples)
+    return s[min(len(s) - 1, max(0, round(q / 100 * len(s)) - 1))]
+
+
+def aa_spread(a: list[float], b: list[float]) -> float:
+    """How far two measurements of the same thing differ: max/min of their medians (>= 1)."""
+    ma, mb = statistics.median(a), statistics.median(b)
+    return max(ma, mb) / min(ma, mb)

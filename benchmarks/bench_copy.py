@@ -1,19 +1,30 @@
 """Host-copy primitives behind the cpu backend and the token database, measured here.
 
-Prints medians (same run, round-robin blocks) for:
-* a 4 MiB copy with ``torch.Tensor.copy_`` (OpenMP threads) and with one ``memmove``
-  (``lmcache_core.memory.copy_into``), on an idle machine and while another process
-  runs float32 matmuls on 2 torch threads (as vLLM's forward pass does in a worker);
-* per-call overhead of a 1 KiB copy: ``copy_into`` (ctypes memmove) vs ``numpy.copyto``
-  on fresh views;
-* packing 32k Python ints as int32: module-level ``struct.pack`` vs a compiled ``Struct``.
+1. A 4 MiB and a 32 MiB copy into a reused buffer, two ways: ``torch.Tensor.copy_``
+   (split across torch's OpenMP threads: 2 on this machine) and one ``memmove`` through
+   ctypes (``lmcache_core.memory.copy_into``, single-threaded), in two conditions:
 
-Run: .venv/bin/python benchmarks/bench_copy.py
+   * quiet: nothing else started by this benchmark (the machine may still be shared:
+     the load average is printed);
+   * loaded: one busy process per core (``os.cpu_count()`` processes), each running
+     float32 1024x1024 matmuls on one torch thread in a loop -- other processes
+     computing on every core, as a vLLM worker's forward pass and other engines do.
+
+   Each contender runs twice under two names (A and B), all four interleaved in blocks,
+   so the A/A spread (A's median / B's median of the same contender) shows how far two
+   measurements of one thing differ in the same conditions. Medians and 90th
+   percentiles are printed: a stalled OpenMP team shows in both.
+2. Per-call overhead of a 1 KiB copy: ``copy_into`` vs ``numpy.copyto`` on fresh views.
+3. Packing 32k Python ints as int32: module-level ``struct.pack`` vs a compiled ``Struct``.
+
+Run: .venv/bin/python benchmarks/bench_copy.py [--rounds 21] [--block 5]
 """
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing as mp
+import os
 import struct
 import sys
 import time
@@ -23,65 +34,117 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _util import interleaved
+from _util import aa_spread, interleaved_samples, pct
 
 from lmcache_core.memory import copy_into
 
 MiB = 1 << 20
 
 
-def _compute(stop_at: float) -> None:
-    """Stand-in for vLLM's forward pass: float32 matmuls on torch's OpenMP threads."""
-    torch.set_num_threads(2)
+def _busy(stop_at: float) -> None:
+    """One core's worth of compute: float32 matmuls on one torch thread."""
+    torch.set_num_threads(1)
     a = torch.randn(1024, 1024)
     while time.time() < stop_at:
         a @ a
 
 
-def copies(label: str) -> None:
-    src = torch.randint(0, 256, (4 * MiB,), dtype=torch.uint8)
+def start_load(seconds: float) -> list[mp.process.BaseProcess]:
+    """One busy process per core; returns them (terminate when done)."""
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(target=_busy, args=(time.time() + seconds,), daemon=True)
+        for _ in range(os.cpu_count() or 1)
+    ]
+    for p in procs:
+        p.start()
+    time.sleep(3.0)  # let them import torch and reach their loops
+    return procs
+
+
+def stop_load(procs: list[mp.process.BaseProcess]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.join()
+
+
+def copies(label: str, nbytes: int, rounds: int, block: int) -> dict[str, float]:
+    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
     dst = torch.empty_like(src)
-    t = interleaved(
-        {"torch": lambda: dst.copy_(src), "memmove": lambda: copy_into(dst, src)}, repeat=60
+    dst.fill_(0)  # fault the pages in: a reused buffer
+    s = interleaved_samples(
+        {
+            "torch A": lambda: dst.copy_(src),
+            "memmove A": lambda: copy_into(dst, src),
+            "torch B": lambda: dst.copy_(src),
+            "memmove B": lambda: copy_into(dst, src),
+        },
+        rounds=rounds,
+        block=block,
     )
+    assert torch.equal(dst, src)
+    torch_all = s["torch A"] + s["torch B"]
+    mm_all = s["memmove A"] + s["memmove B"]
+    t_med, m_med = pct(torch_all, 50), pct(mm_all, 50)
+    gbs = nbytes / 1e9
     print(
-        f"4 MiB copy, {label:28s} torch copy_ {t['torch'] * 1e3:7.3f} ms   "
-        f"memmove {t['memmove'] * 1e3:7.3f} ms"
+        f"{nbytes // MiB:3d} MiB, {label:7s} torch copy_ {t_med * 1e3:7.3f} ms "
+        f"({gbs / t_med:5.1f} GB/s, p90 {pct(torch_all, 90) * 1e3:7.3f} ms, "
+        f"A/A {aa_spread(s['torch A'], s['torch B']):.2f}) | memmove {m_med * 1e3:7.3f} ms "
+        f"({gbs / m_med:5.1f} GB/s, p90 {pct(mm_all, 90) * 1e3:7.3f} ms, "
+        f"A/A {aa_spread(s['memmove A'], s['memmove B']):.2f}) | memmove speed = "
+        f"{t_med / m_med:.2f}x torch (p90 {pct(torch_all, 90) / pct(mm_all, 90):.2f}x)"
     )
+    return {"torch": t_med, "memmove": m_med}
 
 
 def main() -> None:
-    copies("idle:")
-    proc = mp.get_context("spawn").Process(target=_compute, args=(time.time() + 30,))
-    proc.start()
-    time.sleep(2.0)
-    copies("2-thread matmuls running:")
-    proc.terminate()
-    proc.join()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=21, help="rounds of interleaved blocks")
+    ap.add_argument("--block", type=int, default=5, help="calls per contender per round")
+    args = ap.parse_args()
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, "
+        f"{os.cpu_count()} cores, load average before: {os.getloadavg()[0]:.1f}"
+    )
+    sizes = (4 * MiB, 32 * MiB)
+    for n in sizes:
+        copies("quiet", n, args.rounds, args.block)
+    procs = start_load(600)
+    try:
+        print(f"loaded: {len(procs)} processes, each float32 1024x1024 matmuls on 1 thread")
+        for n in sizes:
+            copies("loaded", n, args.rounds, args.block)
+    finally:
+        stop_load(procs)
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
 
     a = torch.empty(1024, dtype=torch.uint8)
     b = torch.empty_like(a)
-    t = interleaved(
+    s = interleaved_samples(
         {
             "copy_into": lambda: copy_into(b, a),
             "numpy": lambda: np.copyto(b.numpy(), a.numpy()),
         },
-        repeat=2000,
+        rounds=40,
+        block=50,
     )
     print(
-        f"1 KiB copy overhead: copy_into {t['copy_into'] * 1e6:.1f} us, "
-        f"numpy.copyto on fresh views {t['numpy'] * 1e6:.1f} us"
+        f"1 KiB copy overhead: copy_into {pct(s['copy_into'], 50) * 1e6:.1f} us, "
+        f"numpy.copyto on fresh views {pct(s['numpy'], 50) * 1e6:.1f} us"
     )
 
     ints = list(range(32768))
     packer = struct.Struct("<32768i").pack
-    t = interleaved(
+    s = interleaved_samples(
         {"module": lambda: struct.pack("<32768i", *ints), "compiled": lambda: packer(*ints)},
-        repeat=60,
+        rounds=12,
+        block=5,
     )
     print(
-        f"32k ints -> int32: struct.pack {t['module'] * 1e6:.0f} us, "
-        f"compiled Struct.pack {t['compiled'] * 1e6:.0f} us"
+        f"32k ints -> int32: struct.pack {pct(s['module'], 50) * 1e6:.0f} us, "
+        f"compiled Struct.pack {pct(s['compiled'], 50) * 1e6:.0f} us"
     )
 
 

@@ -26,9 +26,11 @@ if TYPE_CHECKING:
         KeyFormatError,
         LMCacheError,
         SizeFormatError,
+        TokenInputError,
+        TokenTypeError,
     )
     from .hierarchy import PrefixLookup, TieredHierarchy
-    from .keys import FORMAT_VERSION, CacheEngineKey, Namespace
+    from .keys import FORMAT_VERSION, NAMESPACE_VERSION, CacheEngineKey, Namespace
     from .sizes import format_bytes, parse_bytes
     from .sync import IOLoopThread, SyncBackend
     from .token_db import ChunkedTokenDatabase
@@ -50,6 +52,7 @@ _EXPORTS = {
     "IOLoopThread": "sync",
     "KeyFormatError": "errors",
     "LMCacheError": "errors",
+    "NAMESPACE_VERSION": "keys",
     "Namespace": "keys",
     "PrefixLookup": "hierarchy",
     "SizeFormatError": "errors",
@@ -57,6 +60,8 @@ _EXPORTS = {
     "SyncBackend": "sync",
     "TierConfig": "config",
     "TieredHierarchy": "hierarchy",
+    "TokenInputError": "errors",
+    "TokenTypeError": "errors",
     "format_bytes": "sizes",
     "load_config": "config",
     "parse_bytes": "sizes",
@@ -80,6 +85,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "FORMAT_VERSION",
+    "NAMESPACE_VERSION",
     "BackendClosedError",
     "BackendNotStartedError",
     "BaseBackend",
@@ -102,6 +108,8 @@ __all__ = [
     "SyncBackend",
     "TierConfig",
     "TieredHierarchy",
+    "TokenInputError",
+    "TokenTypeError",
     "__version__",
     "format_bytes",
     "load_config",

@@ -19,6 +19,8 @@ checks them):
   unspecified.
 * ``put`` is an idempotent overwrite and returns whether the value is now stored. It
   copies the value unless ``donate=True``; a backend never keeps the caller's storage.
+  A key whose string is longer than :data:`~lmcache_core.keys.MAX_KEY_BYTES` is refused
+  with :class:`~lmcache_core.errors.KeyFormatError` (it could be written but never read).
 * batched variants keep the order of their input (duplicates included).
 * ``close()`` is idempotent; any other call afterwards raises
   :class:`~lmcache_core.errors.BackendClosedError`.
@@ -35,7 +37,7 @@ from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 import torch
 
 from .errors import BackendClosedError, BackendNotStartedError, BufferMismatchError
-from .keys import CacheEngineKey, Namespace
+from .keys import CacheEngineKey, Namespace, check_key_size
 
 __all__ = ["BackendStats", "BaseBackend", "Capabilities", "StorageBackend"]
 
@@ -206,7 +208,7 @@ class BaseBackend:
     async def put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool = False) -> bool:
         """Store ``value`` under ``key`` (overwriting); ``True`` when stored."""
         self._check()
-        _check_key(key)
+        _check_put_key(key)
         _check_value(value)
         stored = await self._put(key, value, donate)
         if stored:
@@ -269,7 +271,7 @@ class BaseBackend:
         if len(keys) != len(values):
             raise ValueError(f"{len(keys)} keys but {len(values)} values")
         for k, v in zip(keys, values, strict=True):
-            _check_key(k)
+            _check_put_key(k)
             _check_value(v)
         results = await self._batched_put(keys, values, donate)
         for ok, v in zip(results, values, strict=True):
@@ -374,6 +376,12 @@ def _nbytes(t: torch.Tensor) -> int:
 def _check_key(key: object) -> None:
     if not isinstance(key, CacheEngineKey):
         raise TypeError(f"expected a CacheEngineKey, got {type(key).__name__}")
+
+
+def _check_put_key(key: object) -> None:
+    """A key that can be stored: its string fits an object header (see check_key_size)."""
+    _check_key(key)
+    check_key_size(key)  # type: ignore[arg-type]
 
 
 def _check_value(value: object) -> None:

@@ -83,6 +83,19 @@ def _add_target_args(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--path", metavar="DIR", help="a disk tier's directory")
     where.add_argument("--config", metavar="FILE", help="a configuration; its maintainable tiers")
+    where.add_argument(
+        "--url",
+        metavar="URL",
+        help="a tier by URL (s3://bucket/prefix): its scheme picks the backend; credentials "
+        "from the default chain (for S3: AWS_ACCESS_KEY_ID, ~/.aws, an instance role)",
+    )
+    p.add_argument(
+        "--option",
+        metavar="NAME=VALUE",
+        action="append",
+        default=[],
+        help="with --url: a backend option (repeatable), e.g. endpoint_url=http://host:9000",
+    )
     p.add_argument("--tier", metavar="NAME", help="with --config: only this tier")
     p.add_argument(
         "--progress",
@@ -166,11 +179,22 @@ def _open_targets(args: argparse.Namespace) -> list[_Target]:
         return [_Target(str(root), cls({"path": str(root), "max_bytes": 1 << 62}, name="disk"))]
     from .config import load_config
 
+    if getattr(args, "url", None) is not None:
+        options = dict(_option_pair(o) for o in args.option)
+        cfg = load_config({"tiers": [{"name": "url", "backend": args.url, "options": options}]})
+        return [_Target(args.url, cfg.tiers[0].create_backend())]
     cfg = load_config(Path(args.config))
     tiers = [t for t in cfg.tiers if args.tier is None or t.name == args.tier]
     if args.tier is not None and not tiers:
         raise ConfigError(f"no tier named {args.tier!r}; tiers: {[t.name for t in cfg.tiers]}")
     return [_Target(t.name, t.create_backend()) for t in tiers]
+
+
+def _option_pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise ConfigError(f"--option takes NAME=VALUE, got {text!r}")
+    return name.strip(), value
 
 
 async def _each_target(

@@ -44,12 +44,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit
 
 import yaml
 
 from .errors import ConfigError, PluginError
-from .options import build_options, describe_options, option
+from .options import build_options, describe_options, option, shown
+from .redaction import REDACTED, redact_url, register_secrets, scrub_text, url_password
 from .token_db import HASH_ALGORITHMS
 
 __all__ = [
@@ -61,11 +62,10 @@ __all__ = [
     "TopLevelSettings",
     "WriteSettings",
     "load_config",
+    "redact_url",
     "schema_markdown",
 ]
 
-#: What a redacted secret is shown as.
-REDACTED = "<redacted>"
 #: The tiers used when a configuration gives none: one in-memory tier.
 DEFAULT_TIERS: tuple[dict[str, Any], ...] = ({"name": "cpu", "backend": "cpu"},)
 WRITE_POLICIES = ("through", "back", "none")
@@ -214,10 +214,60 @@ class TierConfig:
     write_concurrency: int = 4
     retry_backoff_ms: float = 500.0
     retry_backoff_max_ms: float = 30000.0
+    #: Names of options whose value came from ``$env`` (``"url"`` also when the URL did).
+    env_options: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
 
     def create_backend(self, namespace: Any = None) -> Any:
         """A new, unstarted backend instance for this tier (no I/O)."""
+        if self.backend_cls is NotImported:
+            raise ConfigError(
+                f"backend_class {self.backend_class!r} was not imported (the configuration "
+                "was loaded with import_backend_classes=False)",
+                f"tiers[{self.index}].backend_class",
+            )
         return self.backend_cls(self.options, namespace=namespace, name=self.name)
+
+    def redacted_options(self) -> dict[str, Any]:
+        """The options as a dict, secrets, ``$env`` values and URL passwords redacted."""
+        opts, secret_kinds = _options_dict(self.options)
+        unknown_kinds = self.backend_cls is NotImported  # any text may be a secret
+        for name, value in opts.items():
+            if value is None:
+                continue
+            if (
+                name in secret_kinds
+                or name in self.env_options
+                or (unknown_kinds and isinstance(value, (str, dict, list)))
+            ):
+                opts[name] = REDACTED
+            elif isinstance(value, str) and "://" in value:
+                opts[name] = redact_url(value)
+        return opts
+
+    def __repr__(self) -> str:
+        values: list[str] = []
+        for f in dataclasses.fields(self):
+            if not f.repr:
+                continue
+            value = getattr(self, f.name)
+            if f.name == "options":
+                text = f"{type(value).__name__}({_kwargs(self.redacted_options())})"
+            elif f.name == "url" and value is not None:
+                text = repr(REDACTED if "url" in self.env_options else redact_url(value))
+            else:
+                text = repr(value)
+            values.append(f"{f.name}={text}")
+        return f"TierConfig({', '.join(values)})"
+
+
+class NotImported:
+    """Stands for a ``backend_class`` that was not imported (``import_backend_classes=False``)."""
+
+    Options = None
+
+
+def _kwargs(values: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in values.items())
 
 
 @dataclass(frozen=True)
@@ -236,6 +286,17 @@ class CacheConfig:
     #: Where the configuration was read from (a file path), if anywhere.
     source: str | None = None
 
+    def __repr__(self) -> str:
+        values: list[str] = []
+        for f in dataclasses.fields(self):
+            if not f.repr:
+                continue
+            value = getattr(self, f.name)
+            if f.name in self.env_paths and value is not None:
+                value = REDACTED
+            values.append(f"{f.name}={value!r}")
+        return f"CacheConfig({', '.join(values)})"
+
     def tier(self, name: str) -> TierConfig:
         """The tier called ``name``."""
         for t in self.tiers:
@@ -252,20 +313,12 @@ class CacheConfig:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(TopLevelSettings):
             if f.name != "tiers":
-                out[f.name] = getattr(self, f.name)
+                out[f.name] = _plain(getattr(self, f.name))
         if redact and self.hash_salt is not None:
             out["hash_salt"] = REDACTED
         tiers = []
         for t in self.tiers:
-            opts, secret_kinds = _options_dict(t.options)
-            if redact:
-                for name in list(opts):
-                    if opts[name] is not None and (
-                        name in secret_kinds or f"tiers[{t.index}].options.{name}" in self.env_paths
-                    ):
-                        opts[name] = REDACTED
-                    elif name == "url" and isinstance(opts[name], str):
-                        opts[name] = redact_url(opts[name])
+            opts = t.redacted_options() if redact else _options_dict(t.options)[0]
             entry: dict[str, Any] = {"name": t.name}
             if t.backend_class is not None:
                 entry["backend_class"] = t.backend_class
@@ -298,24 +351,14 @@ def _options_dict(options: Any) -> tuple[dict[str, Any], set[str]]:
     """Typed options as a dict, and the names of its ``secret`` options."""
     if dataclasses.is_dataclass(options) and not isinstance(options, type):
         fields = dataclasses.fields(options)
-        values = {f.name: getattr(options, f.name) for f in fields}
+        values = {f.name: _plain(getattr(options, f.name)) for f in fields}
         return values, {f.name for f in fields if f.metadata.get("kind") == "secret"}
-    return dict(options), set()
+    return {k: _plain(v) for k, v in options.items()}, set()
 
 
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``<redacted>``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    netloc = f"{parts.username or ''}:{REDACTED}@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+def _plain(value: Any) -> Any:
+    """A str subclass (HiddenText, URLText) as a plain str, for YAML and JSON output."""
+    return str(value) if isinstance(value, str) else value
 
 
 def _redact_path(doc: dict[str, Any], path: str) -> None:
@@ -351,6 +394,7 @@ def load_config(
     *,
     registry: Any = None,
     environ: Mapping[str, str] | None = None,
+    import_backend_classes: bool = True,
 ) -> CacheConfig:
     """Validate a configuration and return it as a :class:`CacheConfig`.
 
@@ -358,10 +402,60 @@ def load_config(
     starting with ``{``, an existing :class:`CacheConfig` (returned as is) or ``None`` (the
     default configuration: one ``cpu`` tier). ``registry`` is the backend registry to
     resolve names in (default: the process-wide one, plugins loaded); ``environ`` replaces
-    ``os.environ`` for ``$env`` references.
+    ``os.environ`` for ``$env`` references. With ``import_backend_classes=False`` a tier's
+    ``backend_class`` is checked for form only: its module is not imported, its options
+    are kept unvalidated and :meth:`TierConfig.create_backend` refuses to build it.
+
+    Every problem raises :class:`~lmcache_core.errors.ConfigError` (and nothing else) with
+    the path of the bad value; its message never contains a secret (``$env`` values,
+    ``hash_salt``, ``secret`` options, URL passwords).
     """
     if isinstance(source, CacheConfig):
         return source
+    secrets: list[str] = []
+    try:
+        cfg = _load(source, registry, environ, import_backend_classes, secrets)
+    except ConfigError as exc:
+        error = _without_secrets(exc, secrets)
+        if error is exc:
+            raise
+    except (ValueError, TypeError, LookupError, AttributeError, OverflowError) as exc:
+        # a defect of ours or of a plugin: still a configuration error, and still scrubbed
+        error = _without_secrets(
+            ConfigError(f"invalid configuration ({type(exc).__name__}: {exc})"), secrets
+        )
+    except RecursionError:
+        error = ConfigError("the configuration is nested too deeply")
+    else:
+        register_secrets(secrets)
+        return cfg
+    # raised outside the handlers: an error that quoted a secret is not kept as context
+    raise error
+
+
+def _without_secrets(exc: ConfigError, secrets: Sequence[str]) -> ConfigError:
+    """``exc``, or a copy whose message (and cause chain) carries none of ``secrets``."""
+    text = exc.reason
+    clean = scrub_text(text, secrets)
+    linked: BaseException | None = exc.__cause__ or exc.__context__
+    leaked = False
+    for _ in range(16):  # the causes and contexts it carries
+        if linked is None or leaked:
+            break
+        leaked = scrub_text(str(linked), secrets) != str(linked)
+        linked = linked.__cause__ or linked.__context__
+    if clean == text and not leaked:
+        return exc
+    return ConfigError(clean, exc.path)
+
+
+def _load(
+    source: ConfigSource,
+    registry: Any,
+    environ: Mapping[str, str] | None,
+    import_classes: bool,
+    secrets: list[str],
+) -> CacheConfig:
     origin: str | None = None
     if source is None:
         raw: Any = {}
@@ -376,15 +470,21 @@ def load_config(
             raw = _read_file(Path(origin))
     else:
         raise ConfigError(f"expected a file path, a mapping or None, got {type(source).__name__}")
+    _check_shape(raw)
     env_paths: dict[str, str] = {}
-    resolved = _resolve_env(raw, "", env_paths, os.environ if environ is None else environ)
+    env = os.environ if environ is None else environ
+    resolved = _resolve_env(raw, "", env_paths, env, secrets)
+    _collect_url_passwords(resolved, secrets)
     if not isinstance(resolved, Mapping):
         raise ConfigError(f"the configuration must be a mapping, got {type(resolved).__name__}")
+    hidden = frozenset(env_paths)
     _check_keys(TopLevelSettings, resolved, "")
-    top = build_options(TopLevelSettings, resolved, path="")
-    if top.hash_salt is not None and not top.hash_salt:
-        raise ConfigError("must not be empty (leave it out for no salt)", "hash_salt")
-    tiers = _build_tiers(top.tiers, registry)
+    top = build_options(TopLevelSettings, resolved, path="", hidden=hidden)
+    if top.hash_salt is not None:
+        secrets.append(top.hash_salt)
+        if not top.hash_salt:
+            raise ConfigError("must not be empty (leave it out for no salt)", "hash_salt")
+    tiers = _build_tiers(top.tiers, registry, hidden, import_classes, secrets)
     return CacheConfig(
         tiers=tiers,
         chunk_size=top.chunk_size,
@@ -398,13 +498,59 @@ def load_config(
     )
 
 
+#: A configuration nested deeper than this is refused (real ones are ~5 levels deep).
+MAX_DEPTH = 32
+#: A configuration holding more values than this, counting every use of a YAML alias
+#: as a copy, is refused (a 400-byte "billion laughs" file expands to 10**9).
+MAX_VALUES = 100_000
+
+
+def _check_shape(doc: Any) -> None:
+    """Refuse documents nested too deeply, referring to themselves or too large.
+
+    Sizes are counted with shared (aliased) parts memoised, so the check itself is linear
+    in the size of the *text*, whatever the expansion.
+    """
+    sizes: dict[int, int] = {}
+
+    def size(node: Any, depth: int, path: str) -> int:
+        if not isinstance(node, (Mapping, list, tuple)):
+            return 1
+        known = sizes.get(id(node))
+        if known is not None:
+            if known < 0:
+                raise ConfigError("the configuration refers to itself (a recursive alias)", path)
+            return known
+        if depth >= MAX_DEPTH:
+            raise ConfigError(f"the configuration is nested deeper than {MAX_DEPTH} levels", path)
+        sizes[id(node)] = -1
+        items = (
+            [(_join(path, shown(k) if not isinstance(k, str) else k), v) for k, v in node.items()]
+            if isinstance(node, Mapping)
+            else [(f"{path}[{i}]", v) for i, v in enumerate(node)]
+        )
+        total = 1
+        for where, child in items:
+            total += size(child, depth + 1, where)
+            if total > MAX_VALUES:
+                raise ConfigError(
+                    f"the configuration expands to more than {MAX_VALUES} values "
+                    "(YAML aliases repeating a large part?)",
+                    path,
+                )
+        sizes[id(node)] = total
+        return total
+
+    size(doc, 0, "")
+
+
 def _read_file(path: Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"configuration file {str(path)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read configuration file {str(path)!r}: {exc}") from exc
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"cannot read configuration file {str(path)!r}: {exc}") from None
     return _parse_text(text, str(path), json_first=path.suffix.lower() == ".json")
 
 
@@ -416,10 +562,11 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
-        if isinstance(key, (str, int, float, bool)) and key in seen:
-            mark = key_node.start_mark
-            raise ConfigError(f"line {mark.line + 1}: key {key!r} appears twice")
-        seen.add(key)
+        if isinstance(key, (str, int, float, bool)):
+            if key in seen:
+                mark = key_node.start_mark
+                raise ConfigError(f"line {mark.line + 1}: key {shown(key)} appears twice")
+            seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 
 
@@ -430,20 +577,29 @@ def _parse_text(text: str, origin: str, json_first: bool) -> Any:
     if json_first:
         try:
             return json.loads(text)
-        except json.JSONDecodeError as exc:
+        except RecursionError:
+            raise ConfigError(f"{origin}: the JSON is nested too deeply") from None
+        except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
             if origin != "<inline>":
-                raise ConfigError(
-                    f"{origin}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-                ) from exc
+                line, msg = "", str(exc)
+                if isinstance(exc, json.JSONDecodeError):
+                    line, msg = f" at line {exc.lineno} column {exc.colno}", exc.msg
+                raise ConfigError(f"{origin}: invalid JSON{line}: {msg}") from None
     try:
         doc = yaml.load(text, Loader=_StrictLoader)
     except ConfigError as exc:
-        raise ConfigError(f"{origin}: {exc.reason}") from exc
+        raise ConfigError(f"{origin}: {exc.reason}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{origin}: invalid YAML{where}: {problem}") from exc
+        raise ConfigError(f"{origin}: invalid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{origin}: the YAML is nested too deeply") from None
+    except (ValueError, OverflowError, TypeError) as exc:
+        # a scalar the YAML resolver accepts but cannot convert: a 5000-digit integer,
+        # a date such as 2001-02-30
+        raise ConfigError(f"{origin}: invalid YAML value: {str(exc)[:120]}") from None
     return {} if doc is None else doc
 
 
@@ -452,20 +608,27 @@ def _join(path: str, key: str) -> str:
 
 
 def _resolve_env(
-    value: Any, path: str, env_paths: dict[str, str], environ: Mapping[str, str]
+    value: Any,
+    path: str,
+    env_paths: dict[str, str],
+    environ: Mapping[str, str],
+    secrets: list[str],
 ) -> Any:
     if isinstance(value, Mapping):
         if "$env" in value:
-            extra = sorted(set(value) - {"$env", "default"})
+            extra = sorted(shown(k) for k in value if k not in ("$env", "default"))
             if extra:
                 raise ConfigError(
                     f"an $env reference takes only '$env' and 'default', got {extra}", path
                 )
             name = value["$env"]
             if not isinstance(name, str) or not name:
-                raise ConfigError(f"$env must name an environment variable, got {name!r}", path)
+                raise ConfigError(
+                    f"$env must name an environment variable, got {shown(name)}", path
+                )
             env_paths[path] = name
             if name in environ:
+                secrets.append(environ[name])
                 return environ[name]
             if "default" in value:
                 return value["default"]
@@ -473,12 +636,30 @@ def _resolve_env(
         out: dict[str, Any] = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise ConfigError(f"keys must be strings, got {k!r}", path)
-            out[k] = _resolve_env(v, _join(path, k), env_paths, environ)
+                raise ConfigError(f"keys must be strings, got {shown(k)}", path)
+            out[k] = _resolve_env(v, _join(path, k), env_paths, environ, secrets)
         return out
     if isinstance(value, (list, tuple)):
-        return [_resolve_env(v, f"{path}[{i}]", env_paths, environ) for i, v in enumerate(value)]
+        return [
+            _resolve_env(v, f"{path}[{i}]", env_paths, environ, secrets)
+            for i, v in enumerate(value)
+        ]
     return value
+
+
+def _collect_url_passwords(doc: Any, secrets: list[str]) -> None:
+    """Add the password of every URL-looking string in ``doc`` to ``secrets``."""
+    if isinstance(doc, str):
+        if "://" in doc and "@" in doc:
+            password = url_password(doc)
+            if password:
+                secrets.append(password)
+    elif isinstance(doc, Mapping):
+        for v in doc.values():
+            _collect_url_passwords(v, secrets)
+    elif isinstance(doc, list):
+        for v in doc:
+            _collect_url_passwords(v, secrets)
 
 
 def _check_keys(schema: type[Any], raw: Mapping[str, Any], path: str) -> None:
@@ -486,13 +667,15 @@ def _check_keys(schema: type[Any], raw: Mapping[str, Any], path: str) -> None:
     known = [f.name for f in dataclasses.fields(schema)]
     for key in raw:
         if key not in known:
-            hint = difflib.get_close_matches(key, known, n=1)
+            text = key if isinstance(key, str) else shown(key)
+            hint = difflib.get_close_matches(text[:100], known, n=1)
             msg = "unknown key" + (f"; did you mean {hint[0]!r}?" if hint else "")
-            raise ConfigError(f"{msg} (known: {', '.join(known)})", _join(path, key))
+            raise ConfigError(f"{msg} (known: {', '.join(known)})", _join(path, text[:100]))
 
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_CLASS_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$")
 _REQUIRED_METHODS = (
     "start",
     "close",
@@ -509,7 +692,13 @@ _REQUIRED_METHODS = (
 )
 
 
-def _build_tiers(raw_tiers: Sequence[Any], registry: Any) -> tuple[TierConfig, ...]:
+def _build_tiers(
+    raw_tiers: Sequence[Any],
+    registry: Any,
+    hidden: frozenset[str],
+    import_classes: bool,
+    secrets: list[str],
+) -> tuple[TierConfig, ...]:
     if not raw_tiers:
         raise ConfigError("at least one tier is needed", "tiers")
     if registry is None:
@@ -523,10 +712,17 @@ def _build_tiers(raw_tiers: Sequence[Any], registry: Any) -> tuple[TierConfig, .
         if not isinstance(raw, Mapping):
             raise ConfigError(f"expected a mapping, got {type(raw).__name__}", where)
         _check_keys(TierSettings, raw, where)
-        ts = build_options(TierSettings, raw, path=where)
+        ts = build_options(TierSettings, raw, path=where, hidden=hidden)
         _check_keys(WriteSettings, ts.write, f"{where}.write")
-        write = build_options(WriteSettings, ts.write, path=f"{where}.write")
-        cls, backend_name, url, options = _resolve_backend(ts, registry, where)
+        write = build_options(WriteSettings, ts.write, path=f"{where}.write", hidden=hidden)
+        cls, backend_name, url, options = _resolve_backend(
+            ts, registry, where, hidden, import_classes
+        )
+        env_options = {p.rsplit(".", 1)[1] for p in hidden if p.startswith(f"{where}.options.")}
+        if f"{where}.backend" in hidden and url is not None:
+            env_options |= {"url", "path"}
+        secret_values, _ = _secret_options(options)
+        secrets.extend(secret_values)
         name = ts.name if ts.name is not None else backend_name.rsplit(":", 1)[-1].lower()
         if not _NAME_RE.match(name):
             raise ConfigError(
@@ -546,7 +742,9 @@ def _build_tiers(raw_tiers: Sequence[Any], registry: Any) -> tuple[TierConfig, .
             )
         if write.policy == "back":
             above = out[i - 1]
-            if not callable(getattr(above.backend_cls, "set_eviction_listener", None)):
+            if above.backend_cls is not NotImported and not callable(
+                getattr(above.backend_cls, "set_eviction_listener", None)
+            ):
                 raise ConfigError(
                     f"write-back needs the tier above ({above.name!r}, backend {above.backend!r}) to "
                     "report evictions (set_eviction_listener), and it does not; use policy 'through'",
@@ -571,13 +769,20 @@ def _build_tiers(raw_tiers: Sequence[Any], registry: Any) -> tuple[TierConfig, .
                 write_concurrency=ts.write_concurrency,
                 retry_backoff_ms=ts.retry_backoff_ms,
                 retry_backoff_max_ms=max(ts.retry_backoff_ms, ts.retry_backoff_max_ms),
+                env_options=frozenset(env_options),
             )
         )
     return tuple(out)
 
 
+def _secret_options(options: Any) -> tuple[list[str], set[str]]:
+    """The values and names of the ``secret`` options among typed ``options``."""
+    values, kinds = _options_dict(options)
+    return [values[n] for n in kinds if isinstance(values[n], str)], kinds
+
+
 def _resolve_backend(
-    ts: TierSettings, registry: Any, where: str
+    ts: TierSettings, registry: Any, where: str, hidden: frozenset[str], import_classes: bool
 ) -> tuple[type[Any], str, str | None, Any]:
     """The backend class, its display name, the URL (if any) and the validated options."""
     raw_opts = dict(ts.options)
@@ -587,24 +792,38 @@ def _resolve_backend(
             "give either backend or backend_class, not both", f"{where}.backend_class"
         )
     if ts.backend_class is not None:
+        if not import_classes:
+            class_text = ts.backend_class.strip()
+            if not _CLASS_RE.match(class_text):
+                raise ConfigError(
+                    f"{shown(class_text)} must look like 'package.module:Class'",
+                    f"{where}.backend_class",
+                )
+            return NotImported, class_text, None, raw_opts
         cls = _import_class(ts.backend_class, f"{where}.backend_class")
         backend_name = ts.backend_class
         cls_where = f"{where}.backend_class"
     elif ts.backend is not None:
         spec_where = f"{where}.backend"
         text = ts.backend.strip()
+        secret_spec = spec_where in hidden
         try:
             if _URL_RE.match(text):
                 url = text
-                spec = registry.for_scheme(urlsplit(text).scheme.lower())
+                spec = registry.for_scheme(_split_url(text, spec_where, secret_spec).scheme)
             else:
                 spec = registry.get(text)
             cls = spec.load()
         except PluginError as exc:
+            if secret_spec:
+                raise ConfigError("no backend handles this value (from $env)", spec_where) from None
             raise ConfigError(str(exc), spec_where) from exc
+        except ConfigError:
+            raise
         except Exception as exc:  # a broken plugin module: report where it was asked for
+            what = "(from $env)" if secret_spec else repr(redact_url(text))
             raise ConfigError(
-                f"backend {text!r} cannot be loaded: {type(exc).__name__}: {exc}", spec_where
+                f"backend {what} cannot be loaded: {type(exc).__name__}: {exc}", spec_where
             ) from exc
         backend_name = spec.name
         cls_where = spec_where
@@ -623,7 +842,8 @@ def _resolve_backend(
         )
     if url is not None:
         fields = {f.name for f in dataclasses.fields(opts_cls)}
-        scheme = urlsplit(url).scheme.lower()
+        parts = _split_url(url, f"{where}.backend", f"{where}.backend" in hidden)
+        scheme = parts.scheme
         target = (
             "url"
             if "url" in fields
@@ -637,15 +857,26 @@ def _resolve_backend(
                 f"{where}.backend",
             )
         if target is not None:
-            value = urlsplit(url).path if target == "path" else url
+            value = parts.path if target == "path" else url
             if target in raw_opts and raw_opts[target] != value:
                 raise ConfigError(
                     f"{target} is given twice (in backend: and in options:) with different values",
                     f"{where}.options.{target}",
                 )
             raw_opts[target] = value
-    options = build_options(opts_cls, raw_opts, path=f"{where}.options")
+    options = build_options(opts_cls, raw_opts, path=f"{where}.options", hidden=hidden)
     return cls, backend_name, url, options
+
+
+def _split_url(url: str, where: str, secret: bool) -> SplitResult:
+    """``urlsplit(url)`` with its port and host checked; a bad URL is a ConfigError."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port, parts.hostname  # both raise ValueError when malformed
+    except ValueError as exc:
+        what = "" if secret else f" {redact_url(url)!r}"
+        raise ConfigError(f"invalid URL{what}: {exc}", where) from None
+    return parts._replace(scheme=parts.scheme.lower())
 
 
 def _import_class(target: str, where: str) -> type[Any]:

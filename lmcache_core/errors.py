@@ -55,3 +55,19 @@ class DuplicateBackendError(PluginError, ValueError):
 
 class UnknownBackendError(PluginError, LookupError):
     """A backend name or URL scheme is not registered."""
+
+
+class TokenInputError(LMCacheError, ValueError):
+    """Tokens, a mask, extra keys or block hashes given to the token database are invalid.
+
+    Raised for values out of range (a token id outside ``[-2**31, 2**31)``, a negative
+    block hash, a mask that does not fit the tokens, extra keys nested too deeply). The
+    one error family :class:`~lmcache_core.ChunkedTokenDatabase` raises for bad input,
+    whatever its form (list, tuple, numpy array, torch tensor).
+    """
+
+
+class TokenTypeError(TokenInputError, TypeError):
+    """Token database input of the wrong kind: token ids that are not integers (bools,
+    floats, strings), an array that is not one-dimensional, a value extra keys cannot
+    encode. Both a :class:`TokenInputError` (so a ``ValueError``) and a ``TypeError``."""

@@ -79,7 +79,9 @@ class PrefixLookup:
     ``num_hit`` leading keys are available; ``tiers[i]`` is the index of the fastest tier
     holding key ``i`` (for ``i < num_hit``). ``skipped`` names tiers that were failing or
     missed their lookup deadline; ``leased`` counts the hits pinned by this lookup and
-    ``pinned[i]`` (with ``lease_s``) says whether hit ``i`` is one of them.
+    ``pinned[i]`` (with ``lease_s``) says whether hit ``i`` is one of them. Release only
+    the pinned ones: :meth:`TieredHierarchy.release` ends one lease per key, whoever took
+    it, so releasing a key this lookup did not pin ends another caller's lease.
     """
 
     num_hit: int
@@ -110,6 +112,64 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+class _FastPathStats:
+    """Counters of the work done on the thread-safe fast paths (outside the event loop),
+    kept under one lock and merged into :meth:`TieredHierarchy.stats`."""
+
+    def __init__(self, ntiers: int) -> None:
+        self._lock = threading.Lock()
+        self.lookups = 0
+        self.puts = 0
+        self.rejected_puts = 0
+        self.put_bytes = 0
+        self.tier_lookups = [0] * ntiers
+        self.tier_keys = [0] * ntiers
+        self.tier_found = [0] * ntiers
+        self.tier_pins = [0] * ntiers
+
+    def count_lookup(self, tier: int, nkeys: int, nfound: int) -> None:
+        with self._lock:
+            self.tier_lookups[tier] += 1
+            self.tier_keys[tier] += nkeys
+            self.tier_found[tier] += nfound
+
+    def count_prefix_lookup(self) -> None:
+        with self._lock:
+            self.lookups += 1
+
+    def count_pins(
+        self, grants: Sequence[tuple[CacheEngineKey, tuple[int, float, object]]]
+    ) -> None:
+        with self._lock:
+            for _, (tier, _, _) in grants:
+                self.tier_pins[tier] += 1
+
+    def count_puts(self, res: Sequence[bool | None], values: Sequence[torch.Tensor]) -> None:
+        with self._lock:
+            for r, v in zip(res, values, strict=False):
+                if r:
+                    self.puts += 1
+                    self.put_bytes += _nbytes(v)
+                elif r is False:
+                    self.rejected_puts += 1
+
+    def add_to_tier(self, index: int, snap: dict[str, Any]) -> None:
+        """Add this tier's fast-path counts to its snapshot (same keys as the loop's)."""
+        with self._lock:
+            for name, counts in (
+                ("lookups", self.tier_lookups),
+                ("lookup_keys", self.tier_keys),
+                ("lookup_found", self.tier_found),
+                ("pins", self.tier_pins),
+            ):
+                if name in snap:
+                    snap[name] += counts[index]
+            if index == 0:
+                snap["stores"] += self.puts
+                snap["bytes_in"] += self.put_bytes
+                snap["store_failures"] += self.rejected_puts
 
 
 class TieredHierarchy(BaseBackend):
@@ -147,6 +207,7 @@ class TieredHierarchy(BaseBackend):
         self._fast_hits = 0
         self._fast_bytes = 0
         self._eviction_listeners: list[EvictionListener] = []
+        self._fast_stats = _FastPathStats(len(self.tiers))
 
     @classmethod
     def from_config(
@@ -246,7 +307,7 @@ class TieredHierarchy(BaseBackend):
             if not missing:
                 break
             sub = keys if len(missing) == n else [keys[i] for i in missing]
-            found = await t.batched_contains(sub)
+            found = await t.contains_prefix(sub)
             if found is None:
                 skipped.append(t.name)
                 continue
@@ -318,12 +379,15 @@ class TieredHierarchy(BaseBackend):
             self.tiers[idx].unpin_many(handles)
 
     def _ensure_lease_sweeper(self) -> None:
+        if self._state != "started":
+            return
         if self._lease_task is None or self._lease_task.done():
+            self.leases.arm()
             self._lease_task = asyncio.get_running_loop().create_task(self._sweep_leases())
 
     async def _sweep_leases(self) -> None:
         while True:
-            nxt = self.leases.next_expiry()
+            nxt = self.leases.next_expiry_or_disarm()
             if nxt is None:
                 self._lease_task = None
                 return
@@ -584,6 +648,217 @@ class TieredHierarchy(BaseBackend):
                 self._fast_bytes += nbytes
         return out
 
+    # ------------------------------------------------------------------ thread-safe lookups
+    def try_batched_contains_threadsafe(
+        self, keys: Sequence[CacheEngineKey]
+    ) -> list[bool | None] | None:
+        """``batched_contains`` from the calling thread, tier by tier while the tiers can
+        answer without the event loop (``cpu`` can); ``None`` for the keys left undecided
+        by a tier that cannot (the async path asks again), ``None`` overall when nothing
+        was decided. A store still queued for a tier counts as present, as on the loop.
+        A race with a store moving through a tier's queue can only make this miss a key,
+        never invent one. See :class:`~lmcache_core.sync.ThreadSafeFastPaths`."""
+        if self._state != "started":
+            return None
+        out: list[bool | None] = [False] * len(keys)
+        missing = list(range(len(keys)))
+        for t in self.tiers:
+            if not missing:
+                break
+            sub = keys if len(missing) == len(keys) else [keys[i] for i in missing]
+            found = self._contains_in_tier_threadsafe(t, sub)
+            if found is None:
+                if t.index == 0:
+                    return None
+                for i in missing:
+                    out[i] = None
+                return out
+            still = []
+            for i, hit in zip(missing, found, strict=True):
+                if hit:
+                    out[i] = True
+                else:
+                    still.append(i)
+            missing = still
+        return out
+
+    def _contains_in_tier_threadsafe(
+        self, t: Tier, keys: Sequence[CacheEngineKey]
+    ) -> list[bool] | None:
+        """Which ``keys`` tier ``t`` holds or has a store of pending, asked from this
+        thread; ``None`` when the tier cannot answer so now."""
+        fast = self._fast_tiers_for(t)
+        if fast is None:
+            return None
+        pending = self._pending_keys(t, keys)
+        try:
+            found = fast(keys)
+        except Exception:
+            return None
+        if found is None or None in found:
+            return None
+        self._fast_stats.count_lookup(t.index, len(keys), found.count(True))
+        if pending is not None:
+            return [bool(f) or p for f, p in zip(found, pending, strict=True)]
+        return found  # type: ignore[no-any-return]
+
+    def _fast_tiers_for(self, t: Tier) -> Any:
+        """``t``'s ``try_batched_contains_threadsafe`` when it may be called now, else ``None``."""
+        fast = getattr(t.backend, "try_batched_contains_threadsafe", None)
+        if fast is None or not t.started or t.health.consecutive_errors:
+            return None
+        return fast
+
+    @staticmethod
+    def _pending_keys(t: Tier, keys: Sequence[CacheEngineKey]) -> list[bool] | None:
+        """Which keys have a store queued or running for ``t`` (read before the tier, so a
+        store that finishes in between is seen in one place or the other)."""
+        writer = t.writer
+        if not writer.depth:
+            return None
+        return [writer.has(k) for k in keys]
+
+    def _threadsafe_pins(self) -> bool:
+        """Whether every tier that pins does so safely from any thread."""
+        return all(
+            not t.can_pin or hasattr(t.backend, "try_batched_contains_threadsafe")
+            for t in self.tiers
+        )
+
+    def try_lookup_prefix_threadsafe(
+        self, keys: Sequence[CacheEngineKey], lease_s: float | None = None
+    ) -> PrefixLookup | None:
+        """:meth:`lookup_prefix` from the calling thread, without the event loop; ``None``
+        when a tier that must be asked cannot answer from a thread (then nothing was
+        pinned: the caller uses the async path).
+
+        Same result and lease semantics as :meth:`lookup_prefix`: with ``lease_s`` the
+        hits are pinned in their tier (the pin is the presence check, so what was found
+        cannot have gone), and the lease-expiry sweeper is started on the loop when it is
+        not running."""
+        if self._state != "started":
+            return None
+        if lease_s is not None and not self._threadsafe_pins():
+            return None
+        n = len(keys)
+        holder = [-1] * n
+        handles: list[object | None] = [None] * n if lease_s is not None else []
+        taken: list[tuple[int, float, object]] = []
+        missing = list(range(n))
+        fs = self._fast_stats
+        for t in self.tiers:
+            if not missing:
+                break
+            fast = self._fast_tiers_for(t)
+            if fast is None:
+                self._unpin(taken)
+                return None
+            sub = keys if len(missing) == n else [keys[i] for i in missing]
+            pending = self._pending_keys(t, sub)
+            pins: list[object | None] | None = None
+            try:
+                if lease_s is not None and t.can_pin:
+                    pins = t.pin_many(sub)
+                    found: list[bool | None] | None = [h is not None for h in pins]
+                else:
+                    found = fast(sub)
+            except Exception:
+                found = None
+            if found is None or None in found:
+                self._unpin(taken)
+                return None
+            fs.count_lookup(t.index, len(sub), found.count(True))
+            still = []
+            for j, (i, hit) in enumerate(zip(missing, found, strict=True)):
+                if pins is not None and pins[j] is not None:
+                    handles[i] = pins[j]
+                    taken.append((t.index, 0.0, pins[j]))
+                if hit or (pending is not None and pending[j]):
+                    holder[i] = t.index
+                else:
+                    still.append(i)
+            missing = still
+        num_hit = missing[0] if missing else n
+        leased = 0
+        pinned: tuple[bool, ...] = ()
+        if lease_s is not None:
+            pinned = tuple(handles[i] is not None for i in range(num_hit))
+            expiry = time.monotonic() + lease_s
+            extra: list[tuple[int, float, object]] = []
+            grant: list[tuple[CacheEngineKey, tuple[int, float, object]]] = []
+            for i, handle in enumerate(handles):
+                if handle is None:
+                    continue
+                lease = (holder[i], expiry, handle)
+                if i < num_hit:
+                    grant.append((keys[i], lease))
+                else:
+                    extra.append(lease)
+            self._unpin(extra)
+            leased = len(grant)
+            if grant:
+                fs.count_pins(grant)
+                if self.leases.add_many(grant):
+                    self._start_sweeper_threadsafe()
+        fs.count_prefix_lookup()
+        return PrefixLookup(
+            num_hit=num_hit,
+            tiers=tuple(holder[:num_hit]),
+            tier_names=self._tier_names,
+            skipped=(),
+            leased=leased,
+            pinned=pinned,
+        )
+
+    def _start_sweeper_threadsafe(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(self._ensure_lease_sweeper)
+        except RuntimeError:  # the loop has stopped: close() ended (or will end) every lease
+            pass
+
+    def try_release_threadsafe(self, keys: Sequence[CacheEngineKey]) -> int | None:
+        """:meth:`release` from the calling thread; ``None`` when a tier's pins are not
+        safe from a thread (or the hierarchy is not started): use the async path."""
+        if self._state != "started" or not self._threadsafe_pins():
+            return None
+        undo = self.leases.release(keys)
+        self._unpin(undo)
+        return len(undo)
+
+    # ------------------------------------------------------------------ thread-safe stores
+    def try_batched_put_threadsafe(
+        self,
+        keys: Sequence[CacheEngineKey],
+        values: Sequence[torch.Tensor],
+        donate: bool = False,
+    ) -> list[bool | None] | None:
+        """``batched_put`` from the calling thread when the whole store is the top tier's:
+        it stores from a thread (``cpu`` does), admits every key (``admit_after: 1``) and
+        no tier below is written on a put or on its evictions (no ``through`` or ``back``
+        tier). Otherwise ``None``: the async path stores (one loop hop per batch)."""
+        if self._state != "started":
+            return None
+        top = self.tiers[0]
+        fast = getattr(top.backend, "try_batched_put_threadsafe", None)
+        if (
+            fast is None
+            or not top.started
+            or top.health.consecutive_errors
+            or top.cfg.admit_after > 1
+            or any(t.policy in ("through", "back") for t in self.tiers[1:])
+        ):
+            return None
+        try:
+            res: list[bool | None] | None = fast(keys, values, donate)
+        except Exception:
+            return None  # the async path will see (and count) the problem
+        if res is not None:
+            self._fast_stats.count_puts(res, values)
+        return res
+
     # ------------------------------------------------------------------ statistics
     def stats(self) -> dict[str, Any]:
         """Hierarchy totals plus a ``tiers`` list with each tier's statistics."""
@@ -593,7 +868,12 @@ class TieredHierarchy(BaseBackend):
         d["hits"] += fast_hits
         d["bytes_read"] += fast_bytes
         d["threadsafe_hits"] = fast_hits
-        d["lookups"] = self._lookups
+        fast_stats = self._fast_stats
+        d["lookups"] = self._lookups + fast_stats.lookups
+        d["threadsafe_lookups"] = fast_stats.lookups
+        d["puts"] += fast_stats.puts
+        d["rejected_puts"] += fast_stats.rejected_puts
+        d["bytes_written"] += fast_stats.put_bytes
         d["lookup_latency"] = self._lookup_latency.as_dict()
         d["leases"] = len(self.leases)
         d["pending_stores"] = sum(t.writer.depth for t in self.tiers)
@@ -603,6 +883,7 @@ class TieredHierarchy(BaseBackend):
             if t.index == 0:
                 snap["hits"] += fast_hits
                 snap["bytes_out"] += fast_bytes
+            fast_stats.add_to_tier(t.index, snap)
             tiers.append(snap)
         d["tiers"] = tiers
         return d

@@ -28,10 +28,30 @@ from typing import Any
 
 from .errors import KeyFormatError
 
-__all__ = ["FORMAT_VERSION", "CacheEngineKey", "Namespace", "escape_part", "unescape_part"]
+__all__ = [
+    "FORMAT_VERSION",
+    "MAX_KEY_BYTES",
+    "NAMESPACE_VERSION",
+    "CacheEngineKey",
+    "Namespace",
+    "check_key_size",
+    "escape_part",
+    "unescape_part",
+]
 
-#: Version of the stored-object format and of the key/namespace scheme.
+#: Version of the stored-object layout (:mod:`lmcache_core.format`).
 FORMAT_VERSION = 1
+#: Version of the key scheme: how the token database turns tokens, extra keys and block
+#: hashes into chunk hashes. It is :attr:`Namespace.format_version` (so it seeds every
+#: hash chain and is compared on every read): chunks stored under another version are
+#: never looked up. 2: extra keys and block hashes are typed (``{1: "a"}`` and
+#: ``{"1": "a"}``, ``1`` and ``b"\x01"`` differ; version 1 encoded them alike).
+NAMESPACE_VERSION = 2
+#: Longest key string (UTF-8 bytes) a backend stores: the object header (1 MiB at most)
+#: must hold it, JSON-escaped, beside the namespace.
+MAX_KEY_BYTES = 64 << 10
+#: Longest namespace JSON (UTF-8 bytes), for the same reason.
+MAX_NAMESPACE_BYTES = 256 << 10
 
 _MAX_HASH = 1 << 256
 _NEEDS_ESCAPE = re.compile(r"[%@=\x00-\x1f\x7f-\x9f]")
@@ -303,6 +323,27 @@ class CacheEngineKey(tuple):  # type: ignore[type-arg]
 _tuple_new = tuple.__new__
 
 
+def check_key_size(key: CacheEngineKey) -> None:
+    """Raise :class:`KeyFormatError` when ``key``'s string is longer than :data:`MAX_KEY_BYTES`.
+
+    Such a key could be written but never read back (the object header could not hold
+    it), so backends refuse it at ``put``. Cheap for ordinary keys: the string is only
+    built when its parts could come near the limit.
+    """
+    m, _, _, dt, tags = key._base
+    chars = len(m) + len(dt)
+    if tags:
+        chars += sum(len(a) + len(b) for a, b in tags)
+    if chars * 12 + 256 <= MAX_KEY_BYTES:  # an escaped char takes at most 12 bytes
+        return
+    size = len(key.to_string().encode("utf-8"))
+    if size > MAX_KEY_BYTES:
+        raise KeyFormatError(
+            f"key string is {size} bytes, longer than the {MAX_KEY_BYTES} an object header "
+            "holds (a model name, dtype or tag that long?)"
+        )
+
+
 def _rebuild_key(
     base: tuple[str, int, int, str, tuple[tuple[str, str], ...]],
     chunk_hash: int,
@@ -331,7 +372,7 @@ class Namespace:
     hash_algorithm: str = "xxh3_128"
     hash_salt_id: str = ""
     codec: str = ""
-    format_version: int = FORMAT_VERSION
+    format_version: int = NAMESPACE_VERSION
     extra: tuple[tuple[str, str], ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -348,13 +389,22 @@ class Namespace:
                 raise KeyFormatError(f"Namespace.{name} must be a str")
         for name in ("block_size", "chunk_size", "format_version"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise KeyFormatError(f"Namespace.{name} must be an int >= 0, got {v!r}")
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**63:
+                shown = repr(v) if not isinstance(v, int) or v.bit_length() < 128 else "a huge int"
+                raise KeyFormatError(f"Namespace.{name} must be an int in [0, 2**63), got {shown}")
         extra = self.extra
         if isinstance(extra, Mapping):
             extra = tuple(extra.items())
         norm = tuple(sorted((str(k), str(v)) for k, v in extra))
         object.__setattr__(self, "extra", norm)
+        try:
+            size = len(self.to_json().encode("utf-8"))
+        except UnicodeEncodeError:
+            raise KeyFormatError("namespace fields must be valid UTF-8 text") from None
+        if size > MAX_NAMESPACE_BYTES:
+            raise KeyFormatError(
+                f"namespace JSON is {size} bytes, at most {MAX_NAMESPACE_BYTES} fit an object header"
+            )
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no whitespace, UTF-8 text."""

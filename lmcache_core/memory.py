@@ -1,12 +1,13 @@
 """Byte-level helpers for host memory.
 
-torch's ``copy_`` splits large CPU copies across its OpenMP threads; on a busy machine
-(2 cores shared with vLLM's compute threads) one descheduled thread stalls the whole copy:
-a 4 MiB copy was seen taking 12 ms with 2 threads under heavy load against 0.2 ms
-single-threaded (one uncommitted observation; ``benchmarks/bench_copy.py`` otherwise
-shows ``copy_`` ~1.8x faster, so this choice is to be re-measured inside a vLLM worker).
-Host-to-host copies here therefore use one ``memmove`` (through ctypes, which releases
-the GIL); copies involving a device tensor still go through torch.
+Host-to-host copies use one ``memmove`` (through ctypes, which releases the GIL), in
+the calling thread, not torch's ``copy_``: torch splits a large CPU copy across its
+OpenMP team (2 threads here), and when other work holds a core -- a vLLM worker's
+forward pass, other processes -- the team waits for its descheduled thread.
+``benchmarks/bench_copy.py`` (both ways interleaved, quiet and with one busy process per
+core) measured a 4 MiB ``copy_`` at 8-35 ms at the 90th percentile whenever other work
+ran, against under 0.7 ms for one ``memmove``; only with both cores free is ``copy_``
+faster (1.3-1.5x). Copies involving a device tensor still go through torch.
 """
 
 from __future__ import annotations
@@ -32,14 +33,13 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     """Copy the bytes of ``src`` into ``dst`` (same byte size, both contiguous).
 
     Host to host this is one ``memmove`` through ctypes, which releases the GIL and costs
-    a few µs of overhead per call (``benchmarks/bench_copy.py``).
+    2-3 µs of overhead per call (``benchmarks/bench_copy.py``; see the module docstring
+    for why not ``copy_``).
     """
-    if dst.device.type == "cpu" and src.device.type == "cpu":
-        n = dst.numel() * dst.element_size()
-        if n != src.numel() * src.element_size():
-            raise ValueError(
-                f"copy of {src.numel() * src.element_size()} bytes into a {n}-byte buffer"
-            )
+    if dst.is_cpu and src.is_cpu:
+        n = dst.nbytes
+        if n != src.nbytes:
+            raise ValueError(f"copy of {src.nbytes} bytes into a {n}-byte buffer")
         if not (dst.is_contiguous() and src.is_contiguous()):
             raise ValueError("copy_into needs contiguous tensors")
         if n:

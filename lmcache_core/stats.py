@@ -18,11 +18,14 @@ import logging
 import math
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .redaction import scrub
 
 __all__ = [
     "LatencyReservoir",
@@ -140,13 +143,36 @@ class TierStats:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=True, default=str)
-        f.write("\n")
-    os.replace(tmp, path)
+    """Write ``data`` as JSON to ``path`` through a temporary file and a rename.
+
+    The file is readable by its owner only (statistics name paths and hosts), secrets of
+    loaded configurations are scrubbed from it (:func:`lmcache_core.redaction.scrub`),
+    and a directory created for it is owner-only too. The temporary file is created
+    exclusively and never through a symlink.
+    """
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    text = json.dumps(scrub(data), indent=1, sort_keys=True, default=str) + "\n"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # left by a crash: never write through what is there
+    fd = os.open(tmp, _CREATE_FLAGS, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+_CREATE_FLAGS = (
+    os.O_WRONLY
+    | os.O_CREAT
+    | os.O_EXCL
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
 
 
 _file_counter = itertools.count()

@@ -5,14 +5,15 @@ wraps any :class:`~lmcache_core.StorageBackend` and runs each call as a coroutin
 loop, blocking the calling thread until it finishes. Calling a ``SyncBackend`` from inside
 its own loop would deadlock, so it raises instead.
 
-Fast path: a round trip to the IO thread (``run_coroutine_threadsafe``, a loop wake-up,
-a wake-up of the caller) costs 40-100 us here, as much as copying a 4 MiB chunk out of
-memory. A backend that can serve a load safely from any thread provides
-``try_batched_get_into_threadsafe(keys, outs) -> list[bool | None] | None`` (``True``:
-served, ``False``: definitely absent, ``None``: ask the async path; ``None`` overall:
-nothing done). ``get_into``/``batched_get_into`` try it first, in the calling thread, and
-send only the undecided keys to the IO loop. The ``cpu`` backend and the tiered
-hierarchy (for top-tier hits) implement it.
+Fast paths: a round trip to the IO thread (``run_coroutine_threadsafe``, a loop wake-up,
+a wake-up of the caller) costs 40-200 us here, as much as copying a 4 MiB chunk out of
+memory and a hundred times a dictionary lookup. A backend that can answer some calls
+safely from any thread provides the optional methods of :class:`ThreadSafeFastPaths`;
+``SyncBackend`` tries them first, in the calling thread, and sends only what they leave
+undecided to the IO loop, in one hop per call (a batch included). The ``cpu`` backend
+implements the loads, lookups and stores; the tiered hierarchy implements each of them
+when the tiers involved can answer so (top-tier loads, lookups and leases over tiers that
+all can, stores that concern the top tier alone).
 """
 
 from __future__ import annotations
@@ -21,14 +22,17 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 
 from .backend import StorageBackend
 from .keys import CacheEngineKey
 
-__all__ = ["IOLoopThread", "SyncBackend"]
+if TYPE_CHECKING:
+    from .hierarchy import PrefixLookup
+
+__all__ = ["IOLoopThread", "SyncBackend", "ThreadSafeFastPaths"]
 
 T = TypeVar("T")
 
@@ -87,12 +91,60 @@ class IOLoopThread:
                 self._thread.join(timeout)
 
 
+class ThreadSafeFastPaths(Protocol):
+    """Optional backend methods callable from any thread, without the backend's event loop.
+
+    A backend provides any subset of them (``SyncBackend`` looks each up by name); none
+    is part of :class:`~lmcache_core.StorageBackend`. Each must be safe to call from
+    several threads at once while the event loop runs the backend's other operations,
+    must never block on I/O or wait for the loop, and must give the same answers and
+    leave the same state as its async counterpart. Per item, a result of ``None`` means
+    "not decided here": the caller then asks the async method about those items only.
+    ``None`` overall means nothing was done (the backend is not started, say), and the
+    async method will raise the right error if there is one.
+
+    A backend that provides ``try_batched_contains_threadsafe`` and can pin (``pin`` /
+    ``unpin`` / ``pin_many`` / ``unpin_many``) declares those pin methods thread-safe as
+    well: the hierarchy takes and ends leases from its callers' threads on that basis.
+    """
+
+    def try_batched_get_into_threadsafe(
+        self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor]
+    ) -> list[bool | None] | None:
+        """``batched_get_into``: ``True`` loaded into the buffer, ``False`` not stored."""
+        ...
+
+    def try_batched_contains_threadsafe(
+        self, keys: Sequence[CacheEngineKey]
+    ) -> list[bool | None] | None:
+        """``batched_contains``: ``True``/``False`` per key."""
+        ...
+
+    def try_batched_put_threadsafe(
+        self, keys: Sequence[CacheEngineKey], values: Sequence[torch.Tensor], donate: bool = False
+    ) -> list[bool | None] | None:
+        """``batched_put``: ``True`` stored, ``False`` refused. Pairs after the first
+        undecided one must be left undecided (the async path then stores them in order)."""
+        ...
+
+    def try_lookup_prefix_threadsafe(
+        self, keys: Sequence[CacheEngineKey], lease_s: float | None = None
+    ) -> PrefixLookup | None:
+        """``lookup_prefix`` (the hierarchy's), all or nothing: ``None`` takes no lease."""
+        ...
+
+    def try_release_threadsafe(self, keys: Sequence[CacheEngineKey]) -> int | None:
+        """``release`` (the hierarchy's), all or nothing."""
+        ...
+
+
 class SyncBackend:
     """Blocking facade over an async backend, running every call on one IO thread.
 
     ``SyncBackend(backend)`` owns a new :class:`IOLoopThread` (stopped by :meth:`close`);
     pass ``loop_thread`` to share one. ``submit`` returns a future for callers that do not
-    want to block (saving KV in the background, for example).
+    want to block (saving KV in the background, for example). Calls first try the
+    backend's :class:`ThreadSafeFastPaths` (never from the IO thread itself).
     """
 
     def __init__(
@@ -105,6 +157,12 @@ class SyncBackend:
         self._owns_loop = loop_thread is None
         self.io = loop_thread or IOLoopThread()
         self.timeout = timeout
+        self._loop_tid = self.io.thread_id
+        self._fast_get = getattr(backend, "try_batched_get_into_threadsafe", None)
+        self._fast_contains = getattr(backend, "try_batched_contains_threadsafe", None)
+        self._fast_put = getattr(backend, "try_batched_put_threadsafe", None)
+        self._fast_lookup = getattr(backend, "try_lookup_prefix_threadsafe", None)
+        self._fast_release = getattr(backend, "try_release_threadsafe", None)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.io.run(coro, self.timeout)
@@ -134,6 +192,11 @@ class SyncBackend:
         self.close()
 
     def contains(self, key: CacheEngineKey) -> bool:
+        fast = self._fast_contains
+        if fast is not None and threading.get_ident() != self._loop_tid:
+            res = fast((key,))
+            if res is not None and res[0] is not None:
+                return bool(res[0])
         return self._run(self.backend.contains(key))
 
     def get(self, key: CacheEngineKey) -> torch.Tensor | None:
@@ -142,26 +205,42 @@ class SyncBackend:
     def _fast_path(
         self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor]
     ) -> list[bool | None] | None:
-        fast = getattr(self.backend, "try_batched_get_into_threadsafe", None)
-        if fast is None or self.io.in_loop_thread():
+        fast = self._fast_get
+        if fast is None or threading.get_ident() == self._loop_tid:
             return None
         res: list[bool | None] | None = fast(keys, outs)
         return res
 
     def get_into(self, key: CacheEngineKey, out: torch.Tensor) -> bool:
-        res = self._fast_path([key], [out])
+        res = self._fast_path((key,), (out,))
         if res is not None and res[0] is not None:
             return res[0]
         return self._run(self.backend.get_into(key, out))
 
     def put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool = False) -> bool:
+        fast = self._fast_put
+        if fast is not None and threading.get_ident() != self._loop_tid:
+            res = fast((key,), (value,), donate)
+            if res is not None and res[0] is not None:
+                return bool(res[0])
         return self._run(self.backend.put(key, value, donate))
 
     def remove(self, key: CacheEngineKey) -> bool:
         return self._run(self.backend.remove(key))
 
     def batched_contains(self, keys: Sequence[CacheEngineKey]) -> list[bool]:
-        return self._run(self.backend.batched_contains(keys))
+        fast = self._fast_contains
+        if fast is None or threading.get_ident() == self._loop_tid:
+            return self._run(self.backend.batched_contains(keys))
+        res = fast(keys)
+        if res is None:
+            return self._run(self.backend.batched_contains(keys))
+        if None in res:
+            todo = [i for i, r in enumerate(res) if r is None]
+            rest = self._run(self.backend.batched_contains([keys[i] for i in todo]))
+            for i, hit in zip(todo, rest, strict=True):
+                res[i] = hit
+        return res  # type: ignore[no-any-return]
 
     def batched_get(self, keys: Sequence[CacheEngineKey]) -> list[torch.Tensor | None]:
         return self._run(self.backend.batched_get(keys))
@@ -184,7 +263,51 @@ class SyncBackend:
     def batched_put(
         self, keys: Sequence[CacheEngineKey], values: Sequence[torch.Tensor], donate: bool = False
     ) -> list[bool]:
-        return self._run(self.backend.batched_put(keys, values, donate))
+        fast = self._fast_put
+        if (
+            fast is None
+            or len(keys) != len(values)
+            or threading.get_ident() == self._loop_tid
+            or (res := fast(keys, values, donate)) is None
+        ):
+            return self._run(self.backend.batched_put(keys, values, donate))
+        if None in res:
+            todo = [i for i, r in enumerate(res) if r is None]
+            rest = self._run(
+                self.backend.batched_put([keys[i] for i in todo], [values[i] for i in todo], donate)
+            )
+            for i, ok in zip(todo, rest, strict=True):
+                res[i] = ok
+        return res  # type: ignore[no-any-return]
+
+    def lookup_prefix(
+        self, keys: Sequence[CacheEngineKey], lease_s: float | None = None
+    ) -> PrefixLookup:
+        """The hierarchy's ``lookup_prefix`` (see :class:`~lmcache_core.TieredHierarchy`),
+        answered in this thread when its tiers allow, else in one hop to the IO loop."""
+        fast = self._fast_lookup
+        if fast is not None and threading.get_ident() != self._loop_tid:
+            res: PrefixLookup | None = fast(keys, lease_s)
+            if res is not None:
+                return res
+        lookup = getattr(self.backend, "lookup_prefix", None)
+        if lookup is None:
+            raise TypeError(f"backend {self.backend.name!r} has no lookup_prefix")
+        result: PrefixLookup = self._run(lookup(keys, lease_s=lease_s))
+        return result
+
+    def release(self, keys: Sequence[CacheEngineKey]) -> int:
+        """End one lease per key taken by :meth:`lookup_prefix`; how many ended."""
+        fast = self._fast_release
+        if fast is not None and threading.get_ident() != self._loop_tid:
+            n: int | None = fast(keys)
+            if n is not None:
+                return n
+        release = getattr(self.backend, "release", None)
+        if release is None:
+            raise TypeError(f"backend {self.backend.name!r} has no release")
+        ended: int = self._run(release(keys))
+        return ended
 
     def stats(self) -> dict[str, Any]:
         return self.backend.stats()

@@ -19,6 +19,16 @@ keyed BLAKE2b
 
 Python's ``hash()`` is never used, so keys are identical in every process whatever
 ``PYTHONHASHSEED`` is.
+
+Input rules (the same for every form): token ids are integers in ``[-2**31, 2**31)``
+given as a list or tuple of ints (numpy integer scalars allowed), a one-dimensional
+numpy array of an integer dtype or a one-dimensional torch tensor of an integer dtype.
+Anything else raises :class:`~lmcache_core.errors.TokenTypeError` (bools, floats,
+strings, bytes, sets, mappings, 0-d or 2-D arrays: a ``TypeError`` and a ``ValueError``);
+an id out of range (a ``uint32`` id ``>= 2**31`` included: it never wraps) raises
+:class:`~lmcache_core.errors.TokenInputError` (a ``ValueError``), as do a mask that does
+not fit and extra keys or block hashes that cannot be encoded. These two are the only
+errors bad input raises; the constructor raises ``ValueError`` for bad settings.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from typing import Any
 import numpy as np
 from xxhash import xxh3_128_digest
 
-from .errors import KeyFormatError
+from .errors import TokenInputError, TokenTypeError
 from .keys import CacheEngineKey, Namespace
 
 _tuple_new = tuple.__new__
@@ -61,29 +71,40 @@ def _sha256(data: bytes) -> bytes:
 def encode_extra_keys(value: Any) -> bytes:
     """Canonical, unambiguous bytes for one chunk's extra keys.
 
-    Accepts ``None``, bools, ints, floats, str, bytes and (nested) lists/tuples of these;
-    dicts are encoded with sorted keys. Each item is type-tagged and length-prefixed, so
-    different values never encode the same.
+    Accepts ``None``, bools, ints, floats, str, bytes and (nested) lists/tuples and dicts
+    of these. Every item is type-tagged and length-prefixed, so two values that differ
+    (``1`` and ``"1"``, ``{1: "a"}`` and ``{"1": "a"}``, ``b"1"`` and ``"1"``) never encode
+    alike; dict items are ordered by their encoded keys. A list and a tuple with the same
+    items encode alike (a JSON round trip turns one into the other). Raises
+    :class:`~lmcache_core.errors.TokenTypeError` for anything else and
+    :class:`~lmcache_core.errors.TokenInputError` beyond :data:`MAX_EXTRA_DEPTH` levels.
     """
     if value is None:
         return b""
     out = bytearray()
-    _encode_into(value, out)
+    _encode_into(value, out, 0)
     return bytes(out)
 
 
-def _encode_into(value: Any, out: bytearray) -> None:
+#: Extra keys nested deeper than this are refused (a structure that contains itself too).
+MAX_EXTRA_DEPTH = 32
+
+
+def _encode_into(value: Any, out: bytearray, depth: int) -> None:
+    if depth > MAX_EXTRA_DEPTH:
+        raise TokenInputError(f"extra keys are nested deeper than {MAX_EXTRA_DEPTH} levels")
     if value is None:
         out += b"N"
     elif isinstance(value, bool):
         out += b"T" if value else b"F"
     elif isinstance(value, int):
-        raw = str(value).encode()
+        v = int(value)  # an int subclass (IntEnum) encodes as its value
+        raw = v.to_bytes(v.bit_length() // 8 + 1, "big", signed=True)
         out += b"i" + _U32.pack(len(raw)) + raw
     elif isinstance(value, float):
         out += b"f" + struct.pack("<d", value)
     elif isinstance(value, str):
-        raw = value.encode("utf-8")
+        raw = value.encode("utf-8", "surrogatepass")
         out += b"s" + _U32.pack(len(raw)) + raw
     elif isinstance(value, (bytes, bytearray, memoryview)):
         raw = bytes(value)
@@ -91,15 +112,20 @@ def _encode_into(value: Any, out: bytearray) -> None:
     elif isinstance(value, (list, tuple)):
         out += b"l" + _U32.pack(len(value))
         for item in value:
-            _encode_into(item, out)
+            _encode_into(item, out, depth + 1)
     elif isinstance(value, Mapping):
-        items = sorted((str(k), v) for k, v in value.items())
+        items: list[tuple[bytes, Any]] = []
+        for k, v in value.items():
+            encoded = bytearray()
+            _encode_into(k, encoded, depth + 1)
+            items.append((bytes(encoded), v))
+        items.sort(key=lambda kv: kv[0])
         out += b"d" + _U32.pack(len(items))
-        for k, v in items:
-            _encode_into(k, out)
-            _encode_into(v, out)
+        for key_bytes, v in items:
+            out += key_bytes
+            _encode_into(v, out, depth + 1)
     else:
-        raise TypeError(f"cannot encode extra key of type {type(value).__name__}")
+        raise TokenTypeError(f"cannot encode extra key of type {type(value).__name__}")
 
 
 class ChunkedTokenDatabase:
@@ -223,48 +249,51 @@ class ChunkedTokenDatabase:
 
     # ------------------------------------------------------------------ tokens
     def _token_bytes(self, tokens: Any) -> bytes | memoryview:
-        """int32 little-endian bytes of ``tokens`` (list, tuple, numpy array or torch tensor)."""
+        """int32 little-endian bytes of ``tokens`` (see the module docstring for the rules)."""
         if isinstance(tokens, (list, tuple)):
-            try:
-                return memoryview(_int32_packer(len(tokens))(*tokens))
-            except struct.error as exc:
-                raise ValueError(f"token ids must be ints in the int32 range: {exc}") from exc
+            return _list_bytes(tokens)
         if isinstance(tokens, np.ndarray):
-            arr = tokens
-        else:
+            return _array_bytes(tokens)
+        torch = _torch()
+        if torch is not None and isinstance(tokens, torch.Tensor):
+            if tokens.dtype == torch.bool or tokens.is_floating_point() or tokens.is_complex():
+                raise TokenTypeError(f"token ids must be integers, got a {tokens.dtype} tensor")
+            if tokens.dim() != 1:
+                raise TokenTypeError(
+                    f"token ids must be one-dimensional, got a {tokens.dim()}-d tensor"
+                )
             try:
-                import torch
-            except ImportError:  # pragma: no cover - torch is a dependency
-                torch = None  # type: ignore[assignment]
-            if torch is not None and isinstance(tokens, torch.Tensor):
                 arr = tokens.detach().cpu().numpy()
-            else:
-                return self._token_bytes(list(tokens))
-        if arr.ndim != 1:
-            arr = arr.reshape(-1)
-        if arr.dtype.kind not in "iu":
-            raise ValueError(f"token ids must be integers, got dtype {arr.dtype}")
-        if arr.dtype == np.int32 or arr.dtype == np.uint32:
-            arr32 = arr
-        elif arr.dtype.itemsize < 4:
-            arr32 = arr.astype(np.int32)
-        else:
-            if arr.size and (int(arr.min()) < _INT32_MIN or int(arr.max()) > _INT32_MAX):
-                raise ValueError("token ids must be in the int32 range")
-            arr32 = arr.astype(np.int32)
-        if arr32.dtype.byteorder == ">":
-            arr32 = arr32.byteswap()
-        return np.ascontiguousarray(arr32).data.cast("B")
+            except (TypeError, RuntimeError) as exc:  # a dtype numpy does not have
+                raise TokenTypeError(f"cannot read a {tokens.dtype} tensor: {exc}") from None
+            return _array_bytes(arr)
+        if isinstance(tokens, (str, bytes, bytearray, memoryview, Mapping, set, frozenset)):
+            raise TokenTypeError(
+                f"token ids must be a sequence of ints, got {type(tokens).__name__}"
+            )
+        try:
+            as_list = list(tokens)
+        except TypeError:
+            raise TokenTypeError(
+                f"token ids must be a sequence of ints, got {type(tokens).__name__}"
+            ) from None
+        return _list_bytes(as_list)
 
     @staticmethod
     def _prefix_len(mask: Any, n: int) -> int:
         """Number of leading masked-out (already computed) tokens; they must be a prefix."""
-        m = np.asarray(mask.detach().cpu().numpy() if hasattr(mask, "detach") else mask, dtype=bool)
+        try:
+            raw = mask.detach().cpu().numpy() if hasattr(mask, "detach") else mask
+            m = np.asarray(raw)
+        except Exception as exc:
+            raise TokenTypeError(f"mask cannot be read as booleans: {exc}") from None
+        if m.dtype != np.bool_:
+            raise TokenTypeError(f"mask must hold booleans, got dtype {m.dtype}")
         if m.shape != (n,):
-            raise ValueError(f"mask has shape {m.shape}, expected ({n},) to match the tokens")
+            raise TokenInputError(f"mask has shape {m.shape}, expected ({n},) to match the tokens")
         k = int(n - m.sum())
         if k and (m[:k].any() or not m[k:].all()):
-            raise ValueError("mask must be False on a prefix of the tokens and True after it")
+            raise TokenInputError("mask must be False on a prefix of the tokens and True after it")
         return k
 
     def process_tokens(
@@ -301,8 +330,7 @@ class ChunkedTokenDatabase:
             raw = data[start * 4 : end * 4]
             if extra_keys is None:
                 return raw
-            extra = extra_keys(start, end) if callable(extra_keys) else extra_keys[i]
-            return bytes(raw) + encode_extra_keys(extra)
+            return bytes(raw) + encode_extra_keys(_extra_for(extra_keys, i, start, end))
 
         if extra_keys is None and self._fast:
             # The hot path: no Python-level calls per chunk besides the hash.
@@ -350,9 +378,15 @@ class ChunkedTokenDatabase:
         ``extra`` so keys made with different algorithms never mix. ``chunk_size`` must
         be a multiple of ``block_size``; one key per full chunk.
         """
+        if not isinstance(block_size, int) or isinstance(block_size, bool):
+            raise TokenTypeError(f"block_size must be an int, got {type(block_size).__name__}")
         if block_size < 1 or self.chunk_size % block_size:
-            raise ValueError(
+            raise TokenInputError(
                 f"chunk_size {self.chunk_size} must be a multiple of block_size {block_size}"
+            )
+        if isinstance(block_hashes, (str, bytes, bytearray, memoryview, Mapping)):
+            raise TokenTypeError(
+                f"block_hashes must be a sequence, got {type(block_hashes).__name__}"
             )
         per = self.chunk_size // block_size
         out: list[CacheEngineKey] = []
@@ -360,16 +394,10 @@ class ChunkedTokenDatabase:
         for i in range(len(block_hashes) // per):
             parts = [b"blk\x00"]
             for bh in block_hashes[i * per : (i + 1) * per]:
-                raw = bh if isinstance(bh, bytes) else _int_bytes(bh)
-                parts.append(_U32.pack(len(raw)))
-                parts.append(raw)
+                parts.append(_block_hash_bytes(bh))
             if extra_keys is not None:
                 start = i * self.chunk_size
-                extra = (
-                    extra_keys(start, start + self.chunk_size)
-                    if callable(extra_keys)
-                    else extra_keys[i]
-                )
+                extra = _extra_for(extra_keys, i, start, start + self.chunk_size)
                 parts.append(encode_extra_keys(extra))
             # n >= 2**32 never occurs for token chunks: a separate domain for block mode
             p = self._link(p, (1 << 32) | per, b"".join(parts))
@@ -377,7 +405,81 @@ class ChunkedTokenDatabase:
         return out
 
 
-def _int_bytes(value: int) -> bytes:
-    if not isinstance(value, int) or value < 0:
-        raise KeyFormatError(f"block hash must be bytes or a non-negative int, got {value!r}")
-    return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
+def _block_hash_bytes(value: Any) -> bytes:
+    """Typed bytes of one block hash: ``b"b"`` + length + bytes, or ``b"i"`` + length + int.
+
+    The tag keeps the int ``1`` and the bytes ``b"\\x01"`` apart.
+    """
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        return b"b" + _U32.pack(len(raw)) + raw
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TokenTypeError(
+            f"block hash must be bytes or a non-negative int, got {type(value).__name__}"
+        )
+    if value < 0:
+        raise TokenInputError("block hash must be bytes or a non-negative int, got a negative int")
+    raw = int(value).to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
+    return b"i" + _U32.pack(len(raw)) + raw
+
+
+def _extra_for(extra_keys: Any, i: int, start: int, end: int) -> Any:
+    """Chunk ``i``'s extra keys from a per-chunk sequence or a ``(start, end)`` callable."""
+    if callable(extra_keys):
+        return extra_keys(start, end)
+    try:
+        return extra_keys[i]
+    except IndexError:
+        raise TokenInputError(
+            f"extra_keys has {len(extra_keys)} entries, chunk {i} has none"
+        ) from None
+    except (TypeError, KeyError):
+        raise TokenTypeError(
+            "extra_keys must be a sequence with one entry per chunk, or a callable"
+        ) from None
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return None
+    return torch
+
+
+def _list_bytes(tokens: Sequence[Any]) -> memoryview:
+    """int32 bytes of a list or tuple of token ids.
+
+    ``struct`` takes ints and whatever has ``__index__`` (numpy integer scalars) and
+    refuses the rest; it also takes bools, which are refused here. A bool packs to 0 or
+    1, so only the (few) elements whose packed value is 0 or 1 have their type looked at:
+    a type check of every element would cost twice the packing itself.
+    """
+    try:
+        packed = _int32_packer(len(tokens))(*tokens)
+    except struct.error:
+        for t in tokens:
+            if isinstance(t, (bool, np.bool_)) or not hasattr(type(t), "__index__"):
+                raise TokenTypeError(f"token ids must be ints, got a {type(t).__name__}") from None
+        raise TokenInputError("token ids must be in the int32 range [-2**31, 2**31)") from None
+    if packed:
+        values = np.frombuffer(packed, dtype="<i4")
+        for i in np.flatnonzero((values >> 1) == 0).tolist():  # the 0s and 1s
+            if isinstance(tokens[i], bool):
+                raise TokenTypeError("token ids must be ints, got a bool")
+    return memoryview(packed)
+
+
+def _array_bytes(arr: np.ndarray) -> memoryview:
+    """int32 bytes of a one-dimensional integer array (any byte order, any stride)."""
+    if arr.dtype.kind not in "iu":
+        raise TokenTypeError(f"token ids must be integers, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise TokenTypeError(f"token ids must be one-dimensional, got a {arr.ndim}-d array")
+    wide = arr.dtype.itemsize > 4 or (arr.dtype.kind == "u" and arr.dtype.itemsize == 4)
+    if wide and arr.size:  # uint32 (ids >= 2**31 would wrap), int64, uint64
+        low = int(arr.min()) if arr.dtype.kind == "i" else 0
+        if low < _INT32_MIN or int(arr.max()) > _INT32_MAX:
+            raise TokenInputError("token ids must be in the int32 range [-2**31, 2**31)")
+    arr32 = arr.astype("<i4", copy=False)
+    return np.ascontiguousarray(arr32).data.cast("B")

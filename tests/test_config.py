@@ -287,3 +287,169 @@ def test_every_config_key_is_documented() -> None:
     for cls, prefix in ((TopLevelSettings, ""), (TierSettings, ""), (WriteSettings, "write.")):
         for name in cls.__dataclass_fields__:
             assert prefix + name in documented, f"{prefix}{name} is not documented"
+
+
+# ---------------------------------------------------------------------------- hardening
+FLOAT_KEYS = [
+    ("stats_interval_s", None),
+    ("drain_timeout_s", None),
+    ("load_deadline_ms", 0),
+    ("lookup_deadline_ms", 0),
+    ("max_queue_latency_ms", 0),
+    ("retry_backoff_ms", 0),
+    ("retry_backoff_max_ms", 0),
+]
+
+
+@pytest.mark.parametrize("key,tier", FLOAT_KEYS)
+@pytest.mark.parametrize(
+    "value", [float("nan"), float("inf"), float("-inf"), "nan", "1e999", 10**400]
+)
+def test_float_options_reject_nan_inf_and_huge(key: str, tier: int | None, value: Any) -> None:
+    """Issue 10: NaN passed every range check (a NaN drain timeout dropped pending stores)."""
+    doc: dict[str, Any] = {"tiers": [{"backend": "cpu"}]}
+    (doc if tier is None else doc["tiers"][tier])[key] = value
+    with pytest.raises(ConfigError) as info:
+        load(doc)
+    assert info.value.path == (key if tier is None else f"tiers[0].{key}")
+
+
+@pytest.mark.parametrize(
+    "doc,path",
+    [
+        ({"chunk_size": 10**30}, "chunk_size"),
+        ({"tiers": [{"backend": "cpu", "max_queue": -(10**30)}]}, "tiers[0].max_queue"),
+        ({"tiers": [{"backend": "cpu", "options": {"max_bytes": 10**30}}]}, "tiers[0].options.max_bytes"),
+        ({"tiers": [{"backend": "cpu", "options": {"max_bytes": "9" * 400 + "GiB"}}]}, "tiers[0].options.max_bytes"),
+        ({"tiers": [{"backend": "cpu", "options": {"max_bytes": 10**5000}}]}, "tiers[0].options.max_bytes"),
+        ({"chunk_size": "1" * 5000}, "chunk_size"),
+    ],
+)  # fmt: skip
+def test_huge_numbers_are_config_errors(doc: dict[str, Any], path: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(doc)
+    assert info.value.path == path
+    assert len(str(info.value)) < 300  # the number is not spelled out
+
+
+def test_malformed_documents_are_config_errors(tmp_path: Path) -> None:
+    """Issue 10: RecursionError, OverflowError and raw ValueError escaped the loader."""
+    deep: Any = {"backend": "cpu"}
+    for _ in range(5000):
+        deep = {"x": deep}
+    cases: list[Any] = [
+        {"tiers": [deep]},
+        "{" + '"a":[' * 3000 + "]" * 3000 + "}",  # inline JSON nested too deeply
+    ]
+    for doc in cases:
+        with pytest.raises(ConfigError):
+            load(doc)
+    texts = {
+        "deep.yaml": "tiers: " + "[" * 3000 + "]" * 3000,
+        "int.yaml": "chunk_size: " + "1" * 5000,
+        "date.yaml": "chunk_size: 2001-02-30",
+        "int.json": '{"chunk_size": ' + "1" * 5000 + "}",
+        "self.yaml": "tiers: &a [*a]",
+    }
+    for name, text in texts.items():
+        p = tmp_path / name
+        p.write_text(text)
+        with pytest.raises(ConfigError):
+            load_config(p, registry=make_registry())
+
+
+def test_yaml_alias_expansion_is_bounded(tmp_path: Path) -> None:
+    """Each level repeats the one before ten times: 10**6 values from a few hundred bytes."""
+    lines = ['l0: &l0 ["xxxxxxxxxx"]']
+    for i in range(1, 7):
+        lines.append(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]")
+    lines.append("tiers: [{backend: cpu, options: {max_bytes: 1GiB}}]")
+    p = tmp_path / "bomb.yaml"
+    p.write_text("\n".join(lines))
+    with pytest.raises(ConfigError) as info:
+        load_config(p, registry=make_registry())
+    assert "expands to more than" in info.value.reason
+
+
+@pytest.mark.parametrize(
+    "url", ["fake://u:hunter22@host:99999/x", "fake://u:hunter22@host:port/x", "fake://u:hunter22@[::1/x"]
+)  # fmt: skip
+def test_bad_urls_are_config_errors_without_their_password(url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load({"tiers": [{"name": "r", "backend": url}]})
+    assert info.value.path == "tiers[0].backend"
+    assert "hunter22" not in str(info.value)
+    from lmcache_core.config import redact_url
+
+    assert "hunter22" not in redact_url(url)  # never raises, even on a bad port
+
+
+def _chain(exc: BaseException | None) -> str:
+    out = ""
+    while exc is not None:
+        out += f"{exc!s} | {exc!r} | "
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+def test_env_values_are_never_echoed_in_errors() -> None:
+    """Issue 10: a $env value that failed validation was quoted in the error."""
+    env = {"T_SIZE": "hunter22-size", "T_NUM": "hunter22", "T_CHOICE": "hunter22-policy"}
+    docs = [
+        {"tiers": [{"backend": "cpu", "options": {"max_bytes": {"$env": "T_SIZE"}}}]},
+        {"chunk_size": {"$env": "T_NUM"}},
+        {"stats_interval_s": {"$env": "T_NUM"}},
+        {"tiers": [{"backend": "cpu", "write": {"policy": {"$env": "T_CHOICE"}}}]},
+        {"tiers": [{"backend": {"$env": "T_CHOICE"}}]},
+        {"hash_salt": {"$env": "T_NUM"}, "tiers": [{"backend": "nope-hunter22"}]},
+    ]
+    for doc in docs:
+        with pytest.raises(ConfigError) as info:
+            load(doc, environ=env)
+        assert info.value.path, info.value
+        assert "hunter22" not in _chain(info.value), _chain(info.value)
+
+
+def test_repr_of_config_objects_hides_every_secret() -> None:
+    """Issue 10: repr() showed secret options, URL passwords and $env values."""
+    doc = {
+        "hash_salt": "pepper-salt",
+        "stats_dir": {"$env": "T_STATS"},
+        "tiers": [
+            {"name": "hot", "backend": "cpu", "options": {"max_bytes": {"$env": "T_SIZE"}}},
+            {"name": "r", "backend": "fake://user:hunter22@host/b", "options": {"token": "tok-abcdef"}},
+            {"name": "e", "backend": {"$env": "T_URL"}},
+        ],
+    }  # fmt: skip
+    env = {"T_STATS": "/srv/hidden-stats", "T_SIZE": "2GiB", "T_URL": "fake://secret-host/x"}
+    cfg = load(doc, environ=env)
+    texts = [repr(cfg), str(cfg), repr(cfg.tiers), repr(cfg.tier("r").options)]
+    texts += [repr(t) for t in cfg.tiers]
+    for text in texts:
+        for secret in ("pepper-salt", "hidden-stats", "hunter22", "tok-abcdef", "secret-host"):
+            assert secret not in text, (secret, text)
+    assert "2GiB" not in repr(cfg.tier("hot")) and str(2 * 2**30) not in repr(cfg.tier("hot"))
+    assert "fake://user:" in repr(cfg.tier("r"))  # the rest of the URL is still shown
+
+
+def test_backend_class_is_imported_only_when_asked(tmp_path: Path, monkeypatch: Any) -> None:
+    """`config check` promises to open nothing: importing a module runs its code."""
+    marker = tmp_path / "imported"
+    (tmp_path / "side_effect_backend.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nfrom lmcache_core import CPUBackend as Backend\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    doc = {"tiers": [{"name": "mine", "backend_class": "side_effect_backend:Backend",
+                      "options": {"max_bytes": "nonsense", "token": "tok-abcdef"}}]}  # fmt: skip
+    cfg = load(doc, import_backend_classes=False)
+    assert not marker.exists()
+    assert cfg.tier("mine").backend == "side_effect_backend:Backend"
+    assert "tok-abcdef" not in repr(cfg) and "tok-abcdef" not in json.dumps(cfg.to_dict())
+    with pytest.raises(ConfigError, match="not imported"):
+        cfg.tier("mine").create_backend()
+    with pytest.raises(ConfigError) as info:
+        load({"tiers": [{"backend_class": "not a class path"}]}, import_backend_classes=False)
+    assert info.value.path == "tiers[0].backend_class"
+    with pytest.raises(ConfigError) as info:
+        load(doc)  # imported (the default): its options are validated
+    assert marker.exists() and info.value.path == "tiers[0].options"

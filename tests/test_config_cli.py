@@ -30,21 +30,30 @@ def write(tmp_path: Path, doc: Any, name: str = "c.yaml") -> Path:
 
 def test_check_accepts_a_valid_file_and_opens_nothing(tmp_path: Path) -> None:
     store = tmp_path / "store"  # the scannable backend creates it when started
+    marker = tmp_path / "imported"  # written when the backend_class module is imported
+    (tmp_path / "marking_backend.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nfrom test_hierarchy_fakes import ScannableBackend\n"
+    )
+    env = {"PYTHONPATH": f"{TESTS}{os.pathsep}{tmp_path}"}
     doc = {
         "tiers": [
             {"name": "hot", "backend": "cpu", "options": {"max_bytes": "1GiB"}},
-            {"name": "files", "backend_class": "test_hierarchy_fakes:ScannableBackend",
+            {"name": "files", "backend_class": "marking_backend:ScannableBackend",
              "options": {"path": str(store)}, "write": {"policy": "back", "admit_after": 2}},
         ]
     }  # fmt: skip
     path = write(tmp_path, doc)
-    res = cli("config", "check", str(path), "--table")
+    res = cli("config", "check", str(path), "--table", env=env)
     assert res.returncode == 0, res.stderr
     assert "OK, 2 tier(s): hot (cpu, through) -> files (" in res.stdout
     assert "back, admit_after=2)" in res.stdout
-    res = cli("config", "check", str(path))  # piped: JSON
-    assert res.returncode == 0
-    assert json.loads(res.stdout)["tiers"][1]["write_policy"] == "back"
+    assert "not imported" in res.stdout
+    assert not marker.exists(), "config check must not import backend_class modules"
+    res = cli("config", "check", str(path), "--import", env=env)  # piped: JSON
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["tiers"][1]["write_policy"] == "back" and out["not_imported"] == []
+    assert marker.exists(), "--import imports (and so validates) backend_class modules"
     assert not store.exists(), "config check must not start backends"
 
 

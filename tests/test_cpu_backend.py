@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 import torch
 
 from lmcache_core import ConfigError, CPUBackend, SizeFormatError, parse_bytes
+from lmcache_core.default_plugins.host_buffers import ENTRY_OVERHEAD
 from lmcache_core.testing import make_key, random_tensor, run_async, same_bits
 
 MiB = 1 << 20
+ENTRY = MiB + ENTRY_OVERHEAD  # what one 1 MiB entry takes of max_bytes
 
 
 def test_accepts_human_sizes_and_rejects_bad_ones() -> None:
@@ -41,7 +44,7 @@ def test_pin_memory_true_without_cuda_is_a_clear_error() -> None:
 
 def test_lru_eviction_order_and_stats() -> None:
     async def body() -> None:
-        b = CPUBackend({"max_bytes": 4 * MiB})
+        b = CPUBackend({"max_bytes": 4 * ENTRY})
         await b.start()
         keys = [make_key(f"e{i}") for i in range(4)]
         vals = [random_tensor((MiB,), torch.uint8, seed=i) for i in range(4)]
@@ -52,7 +55,8 @@ def test_lru_eviction_order_and_stats() -> None:
         assert not await b.contains(keys[1]), "least recently used entry should go first"
         assert await b.contains(keys[0])
         s = b.stats()
-        assert s["evictions"] == 1 and s["used_bytes"] <= 4 * MiB and s["entries"] == 4
+        assert s["evictions"] == 1 and s["used_bytes"] == 4 * ENTRY and s["entries"] == 4
+        assert s["data_bytes"] == 4 * MiB
         await b.close()
 
     run_async(body())
@@ -83,7 +87,7 @@ def test_entry_being_read_is_not_evicted() -> None:
 
 def test_eviction_listener_sees_evicted_value() -> None:
     async def body() -> None:
-        b = CPUBackend({"max_bytes": 2 * MiB})
+        b = CPUBackend({"max_bytes": 2 * ENTRY})
         seen: list[tuple[object, torch.Tensor]] = []
         b.set_eviction_listener(lambda k, t: seen.append((k, t.clone())))
         await b.start()
@@ -110,9 +114,9 @@ def test_buffers_are_reused() -> None:
         assert b._entries[k].buf.data_ptr() == buf_ptr
         assert same_bits(await b.get(k), v1)
         s = b.stats()
-        assert s["recycled_bytes"] == 0 and s["used_bytes"] == MiB
+        assert s["recycled_bytes"] == 0 and s["used_bytes"] == ENTRY
         await b.put(k, random_tensor((2 * MiB,), torch.uint8, seed=2))  # other size: new buffer
-        assert b.stats()["recycled_bytes"] == MiB
+        assert b.stats()["recycled_bytes"] == ENTRY
         await b.put(make_key("r2"), random_tensor((MiB,), torch.uint8, seed=3))
         assert b.stats()["recycled_bytes"] == 0, "the freed buffer should be reused"
         await b.close()
@@ -137,3 +141,134 @@ def test_pinned_buffers_and_device_values_when_cuda_is_available() -> None:  # p
         await b.close()
 
     run_async(body())
+
+
+def test_mixed_size_put_storm_never_crashes() -> None:
+    """Issue 10: an emptied size bucket left in the free pool made a later put raise
+    ``IndexError: pop from empty list``."""
+
+    async def body() -> None:
+        b = CPUBackend({"max_bytes": MiB})
+        await b.start()
+        rng = random.Random(1)
+        sizes = [0, 1, 7, 100, 4096, 65536, 300_000]
+        src = torch.zeros(300_000, dtype=torch.uint8)
+        for _ in range(3000):
+            await b.put(make_key(f"k{rng.randrange(200)}"), src[: rng.choice(sizes)])
+        s = b.stats()
+        assert s["used_bytes"] + s["recycled_bytes"] <= MiB
+        await b.close()
+
+    run_async(body())
+
+
+def test_zero_byte_values_are_bounded() -> None:
+    """Issue 10: 0-byte values cost nothing against the bound, so any number was kept."""
+
+    async def body() -> None:
+        b = CPUBackend({"max_bytes": 64 * 1024})
+        await b.start()
+        empty = torch.empty(0, dtype=torch.float16)
+        keys = [make_key(f"z{i}") for i in range(1000)]
+        for k in keys:
+            assert await b.put(k, empty)
+        s = b.stats()
+        assert s["entries"] == 64 * 1024 // b.entry_cost(0) < 1000
+        assert s["used_bytes"] <= 64 * 1024
+        got = await b.get(keys[-1])  # the newest are kept, and read back as stored
+        assert got is not None and got.shape == (0,) and got.dtype == torch.float16
+        await b.close()
+
+    run_async(body())
+
+
+def test_every_entry_is_charged_its_overhead() -> None:
+    async def body() -> None:
+        b = CPUBackend({"max_bytes": 8 * MiB})
+        await b.start()
+        assert b.entry_cost(0) == ENTRY_OVERHEAD
+        assert b.entry_cost(1) >= 1 + ENTRY_OVERHEAD
+        for i, n in enumerate((1, 100, 4096, MiB)):
+            await b.put(make_key(f"o{i}"), torch.zeros(n, dtype=torch.uint8))
+        s = b.stats()
+        assert s["data_bytes"] == 1 + 100 + 4096 + MiB
+        assert s["used_bytes"] == sum(b.entry_cost(n) for n in (1, 100, 4096, MiB))
+        await b.close()
+
+    run_async(body())
+
+
+def test_a_donated_view_of_a_larger_tensor_is_copied() -> None:
+    """Keeping a donated slice would keep its whole storage alive, uncounted."""
+
+    async def body() -> None:
+        b = CPUBackend({"max_bytes": 8 * MiB})
+        await b.start()
+        big = random_tensor((4 * MiB,), torch.uint8, seed=3)
+        part = big[MiB : 2 * MiB]
+        kv, kw = make_key("view"), make_key("whole")
+        assert await b.put(kv, part, donate=True)
+        kept = b._entries[kv].buf
+        assert kept.untyped_storage().nbytes() < 4 * MiB
+        assert same_bits(await b.get(kv), part)
+        whole = random_tensor((MiB,), torch.uint8, seed=4)
+        assert await b.put(kw, whole, donate=True)  # its own storage: kept as is
+        assert b._entries[kw].buf.data_ptr() == whole.data_ptr()
+        await b.close()
+
+    run_async(body())
+
+
+def test_freed_large_buffers_are_reused_for_other_sizes() -> None:
+    """A freed memory map is resized for a value of another size instead of a new one."""
+
+    async def body() -> None:
+        b = CPUBackend({"max_bytes": 4 * MiB})
+        await b.start()
+        ka, kb = make_key("a"), make_key("b")
+        await b.put(ka, torch.ones(3 * MiB, dtype=torch.uint8))
+        ptr = b._entries[ka].buf.data_ptr()
+        await b.put(kb, torch.full((2 * MiB,), 7, dtype=torch.uint8))  # evicts a
+        assert not await b.contains(ka)
+        assert b._entries[kb].buf.data_ptr() == ptr  # a's memory, shrunk in place
+        assert same_bits(await b.get(kb), torch.full((2 * MiB,), 7, dtype=torch.uint8))
+        s = b.stats()
+        assert s["used_bytes"] + s["recycled_bytes"] <= 4 * MiB
+        await b.close()
+
+    run_async(body())
+
+
+def test_oversize_keys_are_refused_at_put() -> None:
+    """Issue 10: a key whose string exceeded the object header limit was stored but could
+    never be read back (file tiers); every backend now refuses it at put, clearly."""
+    from lmcache_core import KeyFormatError, TieredHierarchy
+    from lmcache_core.keys import MAX_KEY_BYTES, CacheEngineKey
+
+    huge = CacheEngineKey("m" * (MAX_KEY_BYTES + 1), 1, 0, 1, "float16")
+
+    async def body() -> None:
+        for backend in (CPUBackend(), TieredHierarchy.from_config(None)):
+            await backend.start()
+            with pytest.raises(KeyFormatError, match="longer than"):
+                await backend.put(huge, torch.zeros(4))
+            with pytest.raises(KeyFormatError):
+                await backend.batched_put([make_key("ok"), huge], [torch.zeros(4)] * 2)
+            assert await backend.get(huge) is None
+            await backend.close()
+
+    run_async(body())
+
+
+def test_oversize_keys_are_refused_by_the_thread_safe_put_too() -> None:
+    from lmcache_core import KeyFormatError, SyncBackend
+    from lmcache_core.keys import MAX_KEY_BYTES, CacheEngineKey
+
+    huge = CacheEngineKey("m" * (MAX_KEY_BYTES + 1), 1, 0, 1, "float16")
+    b = CPUBackend()
+    assert b.try_batched_put_threadsafe([huge], [torch.zeros(4)]) is None  # not started
+    with SyncBackend(b) as sb:
+        assert b.try_batched_put_threadsafe([huge], [torch.zeros(4)]) == [None]  # undecided
+        with pytest.raises(KeyFormatError, match="longer than"):
+            sb.batched_put([huge], [torch.zeros(4)])
+        assert b.stats()["entries"] == 0

@@ -12,6 +12,7 @@ import torch
 from test_hierarchy_fakes import FlakyBackend, SlowBackend, make_registry
 
 from lmcache_core import TieredHierarchy
+from lmcache_core.default_plugins.host_buffers import ENTRY_OVERHEAD
 from lmcache_core.testing import make_key, random_tensor, run_async, same_bits
 
 CHUNK = 256 * 1024  # bytes per test chunk
@@ -26,7 +27,9 @@ def hierarchy(*tiers: dict[str, Any], **top: Any) -> TieredHierarchy:
 
 
 def cpu(name: str, chunks: int = 64, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "backend": "cpu", "options": {"max_bytes": chunks * CHUNK}, **extra}
+    # each entry also takes ENTRY_OVERHEAD of the bound
+    max_bytes = chunks * (CHUNK + ENTRY_OVERHEAD)
+    return {"name": name, "backend": "cpu", "options": {"max_bytes": max_bytes}, **extra}
 
 
 async def in_tier(h: TieredHierarchy, name: str, key: Any) -> bool:
@@ -580,7 +583,7 @@ def test_write_back_takes_the_evicted_buffer_without_copying() -> None:
             assert warm._entries[a].buf.data_ptr() == ptr
             assert same_bits(await warm.get(a), chunk(1))
             assert hot.stats()["recycled_bytes"] == 0  # the hot tier let go of it
-            assert hot.stats()["used_bytes"] == CHUNK
+            assert hot.stats()["data_bytes"] == CHUNK
             await h.put(make_key("zc"), chunk(3))  # the hot tier reuses no taken memory
             assert same_bits(await warm.get(a), chunk(1))
 

@@ -14,6 +14,7 @@ import yaml
 from test_hierarchy_fakes import make_registry
 
 from lmcache_core import TieredHierarchy
+from lmcache_core.default_plugins.host_buffers import ENTRY_OVERHEAD
 from lmcache_core.stats import LatencyReservoir, read_stats_dir, write_json_atomic
 from lmcache_core.testing import make_key, random_tensor, run_async
 
@@ -42,7 +43,8 @@ def test_latency_reservoir_percentiles_and_bound() -> None:
 
 def test_per_tier_statistics() -> None:
     async def body() -> None:
-        cfg = {"tiers": [{"name": "hot", "backend": "cpu", "options": {"max_bytes": "1MiB"}},
+        hot_bytes = 4 * (256 * 1024 + ENTRY_OVERHEAD)  # four entries
+        cfg = {"tiers": [{"name": "hot", "backend": "cpu", "options": {"max_bytes": hot_bytes}},
                          {"name": "warm", "backend": "cpu"}]}  # fmt: skip
         async with TieredHierarchy.from_config(cfg, registry=make_registry()) as h:
             keys = [make_key(f"s{i}") for i in range(6)]

@@ -157,7 +157,7 @@ def test_namespace_json_and_digest() -> None:
     assert ns.digest() == Namespace.from_json(text_).digest()
     assert len(ns.digest()) == 16
     assert ns.digest() != Namespace(model_name="m", block_size=16, chunk_size=128).digest()
-    assert '"format_version":1' in text_
+    assert '"format_version":2' in text_  # NAMESPACE_VERSION (typed extra keys, issue 10)
     for field in ("model_revision", "kv_layout", "hash_algorithm", "hash_salt_id", "codec"):
         assert f'"{field}"' in text_
 
@@ -169,3 +169,22 @@ def test_namespace_rejects_bad_input() -> None:
         Namespace.from_json("not json")
     with pytest.raises(KeyFormatError):
         Namespace(chunk_size=-1)
+
+
+def test_key_size_limit() -> None:
+    from lmcache_core.keys import MAX_KEY_BYTES, check_key_size
+
+    check_key_size(CacheEngineKey("m" * 5000, 1, 0, 1, "bf16"))  # fine: well under the limit
+    check_key_size(CacheEngineKey("m" * (MAX_KEY_BYTES - 100), 1, 0, 1, "bf16"))  # just fits
+    too_long = CacheEngineKey("m", 1, 0, 1, "bf16", {"t": "@" * (MAX_KEY_BYTES // 3)})
+    with pytest.raises(KeyFormatError, match="longer than"):
+        check_key_size(too_long)  # each '@' is escaped to 3 characters
+
+
+def test_namespace_limits() -> None:
+    with pytest.raises(KeyFormatError):
+        Namespace(model_name="m" * (300 << 10))
+    with pytest.raises(KeyFormatError):
+        Namespace(chunk_size=10**5000)
+    with pytest.raises(KeyFormatError):
+        Namespace(model_name="\ud800")  # not encodable: it could never be hashed or stored

@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from lmcache_core import ChunkedTokenDatabase, Namespace
+from lmcache_core import (
+    NAMESPACE_VERSION,
+    ChunkedTokenDatabase,
+    Namespace,
+    TokenInputError,
+    TokenTypeError,
+)
+from lmcache_core.token_db import encode_extra_keys
 
 TOKENS = list(range(1000, 1100))
 
@@ -205,9 +212,171 @@ def test_stable_across_processes_and_hash_seeds() -> None:
 
 
 def test_known_answer() -> None:
-    """Pin the scheme: a change here breaks every stored cache, so it must be deliberate."""
+    """Pin the scheme: a change here breaks every stored cache, so it must be deliberate.
+
+    Changed deliberately once: NAMESPACE_VERSION 1 -> 2 (issue 10, typed extra keys and
+    block hashes) changed every chain's seed; under version 1 this was
+    ``a6ffb5643c3d66cb060f1bfe3bb92177``, and a version-1 namespace still gives it.
+    """
     db = ChunkedTokenDatabase(chunk_size=4)
     assert db.keys([1, 2, 3, 4])[0].chunk_hash_hex == KNOWN_FIRST_CHUNK
+    v1 = ChunkedTokenDatabase(namespace=Namespace(chunk_size=4, format_version=1))
+    assert v1.keys([1, 2, 3, 4])[0].chunk_hash_hex == "a6ffb5643c3d66cb060f1bfe3bb92177"
 
 
-KNOWN_FIRST_CHUNK = "a6ffb5643c3d66cb060f1bfe3bb92177"
+KNOWN_FIRST_CHUNK = "67578a1a7de94a059e98d431fff15302"
+
+
+# ---------------------------------------------------------------------------- input rules
+def _forms(values: list[int], dtype: str) -> list[object]:
+    """The same ids as a list, a numpy array and (where torch has the dtype) a tensor."""
+    out: list[object] = [list(values), tuple(values), np.array(values, dtype=dtype)]
+    tdtype = getattr(torch, dtype, None)
+    if tdtype is not None:
+        try:
+            out.append(torch.tensor(values, dtype=tdtype))
+        except (RuntimeError, TypeError, OverflowError):
+            pass
+    return out
+
+
+def test_uint32_ids_from_2_31_never_wrap() -> None:
+    """Issue 10: a uint32 id >= 2**31 silently wrapped to a negative int32 (and so
+    collided with that id) while a list or an int64 array raised."""
+    db = ChunkedTokenDatabase(chunk_size=2)
+    for form in _forms([1, 2**31], "uint32") + _forms([1, 2**32 - 1], "uint32"):
+        with pytest.raises(TokenInputError):
+            list(db.process_tokens(form))
+    for form in _forms([1, -(2**31) - 1], "int64"):
+        with pytest.raises(TokenInputError):
+            list(db.process_tokens(form))
+    ok = [0, 2**31 - 1, -(2**31), 7]
+    ref = hashes(db, ok)
+    for form in _forms(ok, "int64"):
+        assert hashes(db, form) == ref
+    assert hashes(db, np.array([0, 2**31 - 1], dtype=np.uint32)) == hashes(db, [0, 2**31 - 1])
+
+
+def test_wrong_kinds_are_refused_in_every_form() -> None:
+    """Issue 10: bools, 2-D and 0-d arrays were accepted as token ids."""
+    db = ChunkedTokenDatabase(chunk_size=2)
+    bad: list[object] = [
+        [1, True],
+        (False, 2),
+        np.array([True, False]),
+        torch.tensor([True, False]),
+        np.array([[1, 2], [3, 4]]),
+        torch.tensor([[1, 2], [3, 4]]),
+        np.array(5),
+        torch.tensor(5),
+        [1.0, 2.0],
+        np.array([1.0, 2.0]),
+        torch.tensor([1.0, 2.0]),
+        ["1", "2"],
+        "12",
+        b"\x01\x02",
+        {1, 2},
+        {1: 2},
+        5,
+        None,
+        [[1, 2]],
+        np.array([1, 2], dtype=object),
+    ]
+    for tokens in bad:
+        with pytest.raises(TokenTypeError):
+            list(db.process_tokens(tokens))
+    assert issubclass(TokenTypeError, TypeError) and issubclass(TokenTypeError, ValueError)
+    assert issubclass(TokenInputError, ValueError)
+    # numpy integer scalars in a list are ints; so is a range
+    assert hashes(db, [np.int64(5), np.uint16(6)]) == hashes(db, [5, 6]) == hashes(db, range(5, 7))
+
+
+def test_mask_and_extra_key_errors_are_documented_ones() -> None:
+    db = ChunkedTokenDatabase(chunk_size=2)
+    with pytest.raises(TokenInputError):
+        list(db.process_tokens([1, 2, 3, 4], mask=[True]))
+    with pytest.raises(TokenTypeError):
+        list(db.process_tokens([1, 2, 3, 4], mask=["a", "b", "c", "d"]))
+    with pytest.raises(TokenInputError):
+        db.keys([1, 2, 3, 4], extra_keys=[None])  # one entry for two chunks
+    with pytest.raises(TokenTypeError):
+        db.keys([1, 2], extra_keys=[{1, 2}])
+    nested: list[object] = []
+    nested.append(nested)  # contains itself
+    with pytest.raises(TokenInputError):
+        db.keys([1, 2], extra_keys=[nested])
+    with pytest.raises(TokenTypeError):
+        db.keys_from_block_hashes([True, False], block_size=1)
+    with pytest.raises(TokenInputError):
+        db.keys_from_block_hashes([-1, 2], block_size=1)
+
+
+def test_distinct_extra_keys_always_encode_distinctly() -> None:
+    """Issue 10: {1: "a"} and {"1": "a"} (dict keys were str()-ed) encoded alike."""
+    distinct: list[object] = [
+        {1: "a"},
+        {"1": "a"},
+        {b"1": "a"},
+        {True: "a"},
+        {1.0: "a"},
+        {(1,): "a"},
+        1,
+        "1",
+        b"1",
+        1.0,
+        True,
+        [1],
+        [[1]],
+        {},
+        [],
+        "",
+        b"",
+        0,
+        -1,
+        2**64,
+        -(2**64),
+        None,
+        [None],
+    ]
+    encoded = [encode_extra_keys(v) for v in distinct]
+    assert len(set(encoded)) == len(distinct)
+    db = ChunkedTokenDatabase(chunk_size=2)
+    keys = {db.keys([1, 2], extra_keys=[v])[0] for v in distinct}
+    assert len(keys) == len(distinct)
+    # dict order does not matter; a list and a tuple are one sequence kind (JSON round trips)
+    assert encode_extra_keys({1: "a", "b": 2}) == encode_extra_keys({"b": 2, 1: "a"})
+    assert encode_extra_keys([1, (2, 3)]) == encode_extra_keys((1, [2, 3]))
+    assert encode_extra_keys(10**5000)  # no int-to-text conversion limit
+
+
+def test_block_hash_int_and_bytes_are_distinct() -> None:
+    """Issue 10: the block hash 1 and b"\\x01" gave the same chunk key."""
+    db = ChunkedTokenDatabase(chunk_size=2)
+    as_int = db.keys_from_block_hashes([1, 2], block_size=1)
+    as_bytes = db.keys_from_block_hashes([b"\x01", b"\x02"], block_size=1)
+    assert as_int != as_bytes
+    assert db.keys_from_block_hashes([bytearray(b"\x01"), b"\x02"], block_size=1) == as_bytes
+
+
+def test_keys_of_the_old_scheme_never_match_the_new() -> None:
+    """The namespace version seeds every chain: chunks stored under version 1 (whose
+    extra keys could collide) are never looked up by version 2."""
+    new = ChunkedTokenDatabase(chunk_size=4)
+    old = ChunkedTokenDatabase(namespace=Namespace(chunk_size=4, format_version=1))
+    assert new.namespace.format_version == NAMESPACE_VERSION == 2
+    tokens = list(range(64))
+    assert not set(new.keys(tokens)) & set(old.keys(tokens))
+    blocks = [bytes([i]) * 8 for i in range(16)]
+    assert not set(new.keys_from_block_hashes(blocks, 1)) & set(
+        old.keys_from_block_hashes(blocks, 1)
+    )
+
+
+def test_typed_encoding_known_answers() -> None:
+    """Pin the version-2 encoding of extra keys (a change breaks every stored cache)."""
+    # d, 1 item; key: i, 1 byte, 0x01; value: s, 1 byte, "a"
+    assert encode_extra_keys({1: "a"}).hex() == "6401000000690100000001730100000061"
+    # l, 4 items: T, N, b 1 byte "x", i 1 byte -1 (two's complement)
+    assert encode_extra_keys([True, None, b"x", -1]).hex() == (
+        "6c04000000544e6201000000786901000000ff"
+    )

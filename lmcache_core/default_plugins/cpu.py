@@ -1,24 +1,31 @@
 """The built-in ``cpu`` backend: a byte-bounded LRU of host-memory buffers.
 
-* Bounded by ``max_bytes`` (live entries + recycled buffers never exceed it); the least
-  recently used entries are evicted to make room, never one that is being read or written.
-* Buffers are recycled by size, so steady-state stores do not allocate (fresh memory costs
-  page faults: ~2 GB/s here against ~11 GB/s for a copy into reused memory).
+* Bounded by ``max_bytes`` (live entries + recycled buffers never exceed it), each entry
+  charged what it really takes: its buffer as allocated plus a per-entry overhead, so
+  0-byte values are bounded too (:mod:`.host_buffers`). The least recently used entries
+  are evicted to make room, never one that is being read or written.
+* Buffers are recycled (by size, or a freed memory map resized), so steady-state stores do
+  not allocate (fresh memory costs page faults: ~2 GB/s here against ~11 GB/s for a copy
+  into reused memory); large buffers are memory maps, returned to the system when dropped,
+  so RSS follows the bound under mixed sizes.
 * Pinned (page-locked) memory when CUDA is available (``pin_memory: auto``), pageable
   otherwise: CPU-only torch raises on pinning.
 * Copies up to ``inline_copy_bytes`` run on the event loop (a thread hop would cost more
   than the copy); larger ones run in a worker thread. The loop yields at least every
   ``yield_every_bytes`` of inline copying so other tasks are never starved.
 * ``pin(key)`` / ``unpin(handle)`` keep an entry from eviction (the hierarchy's lookup
-  leases use them). ``try_batched_get_into_threadsafe`` serves loads from any thread
-  without the event loop (:class:`~lmcache_core.SyncBackend` uses it): the index and
-  reference counts are guarded by a lock that the loop-side bookkeeping also takes; the
-  copies themselves run outside it.
+  leases use them). ``try_batched_get_into_threadsafe``, ``try_batched_contains_threadsafe``
+  and ``try_batched_put_threadsafe`` serve loads, lookups and stores from any thread
+  without the event loop (:class:`~lmcache_core.SyncBackend` uses them; see
+  :class:`~lmcache_core.sync.ThreadSafeFastPaths`): the index, reference counts and byte
+  accounting are guarded by a lock that the loop-side bookkeeping also takes; the copies
+  themselves run outside it, into buffers no reader can see yet.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 from collections import OrderedDict
@@ -29,14 +36,17 @@ from typing import Any
 import torch
 
 from ..backend import BaseBackend, Capabilities
-from ..errors import BufferMismatchError, ConfigError
-from ..keys import CacheEngineKey, Namespace
+from ..errors import BufferMismatchError, ConfigError, KeyFormatError
+from ..keys import CacheEngineKey, Namespace, check_key_size
 from ..memory import copy_into
 from ..options import build_options, option
+from .host_buffers import Buffer, BufferPool
 
 __all__ = ["CPUBackend", "CPUOptions"]
 
 log = logging.getLogger("lmcache_core.cpu")
+
+_KEY_TYPES = {CacheEngineKey}
 
 #: ``listener(key, tensor) -> bool | None``; returning ``True`` takes the tensor's memory.
 EvictionListener = Callable[[CacheEngineKey, torch.Tensor], "bool | None"]
@@ -48,7 +58,8 @@ class CPUOptions:
 
     max_bytes: int = option(
         "1GiB",
-        doc="Capacity in bytes (accepts '8GiB'); LRU eviction beyond it.",
+        doc="Capacity in bytes (accepts '8GiB'), counting each entry's overhead (~1 KiB); "
+        "LRU eviction beyond it.",
         kind="bytes",
         minimum=1,
     )
@@ -70,21 +81,33 @@ class CPUOptions:
     )
 
 
-class _Entry:
-    __slots__ = ("buf", "dtype", "nbytes", "shape", "stale", "users")
+#: Install counter shared by every cpu backend of the process (pin_order of an entry).
+_INSTALLS = itertools.count(1)
 
-    def __init__(self, buf: torch.Tensor, dtype: torch.dtype, shape: torch.Size) -> None:
-        self.buf = buf  # flat uint8
+
+class _Entry:
+    __slots__ = ("dtype", "mem", "nbytes", "pin_order", "shape", "stale", "users")
+
+    def __init__(self, mem: Buffer, dtype: torch.dtype, shape: torch.Size) -> None:
+        self.mem = mem
         self.dtype = dtype
         self.shape = shape
-        self.nbytes = buf.numel()
+        self.nbytes = mem.data.numel()
         self.users = 0
         self.stale = False
+        # set when installed, under the backend's lock: later entries have larger numbers
+        # (the lease table ends leases on older entries of a key first)
+        self.pin_order = 0
+
+    @property
+    def buf(self) -> torch.Tensor:
+        """The value's bytes (flat uint8)."""
+        return self.mem.data
 
     def view(self) -> torch.Tensor:
         if self.nbytes == 0:
             return torch.empty(self.shape, dtype=self.dtype)
-        return self.buf.view(self.dtype).view(self.shape)
+        return self.mem.data.view(self.dtype).view(self.shape)
 
 
 def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -92,11 +115,28 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
 
 
+def _too_long(key: CacheEngineKey) -> bool:
+    try:
+        check_key_size(key)
+    except KeyFormatError:
+        return True
+    return False
+
+
+def _owns_storage(t: torch.Tensor, nbytes: int) -> bool:
+    """Whether ``t`` spans its whole storage (keeping it keeps nothing else alive)."""
+    return t.storage_offset() == 0 and t.untyped_storage().nbytes() == nbytes
+
+
 class CPUBackend(BaseBackend):
     """Host-memory LRU tier (backend name ``cpu``)."""
 
     Options = CPUOptions
     capabilities = Capabilities(bounded=True, zero_copy=False)
+    # Counters of stores made from other threads (try_batched_put_threadsafe), under _lock.
+    _thread_puts = 0
+    _thread_put_bytes = 0
+    _thread_rejected_puts = 0
 
     def __init__(
         self, options: Any = None, *, namespace: Namespace | None = None, name: str | None = None
@@ -106,10 +146,10 @@ class CPUBackend(BaseBackend):
         self.opts = opts
         self.max_bytes = opts.max_bytes
         self._entries: OrderedDict[CacheEngineKey, _Entry] = OrderedDict()
-        self._free: dict[int, list[torch.Tensor]] = {}
-        self._used = 0  # bytes held by live entries (stale ones included until released)
-        self._free_bytes = 0  # bytes held in recycle lists
-        self._reserved = 0  # bytes of buffers being filled by in-flight puts
+        self._pool = BufferPool(self.max_bytes)
+        self._used = 0  # cost of live entries (stale ones included until released)
+        self._data_bytes = 0  # tensor bytes of those entries
+        self._reserved = 0  # cost of buffers being filled by in-flight puts
         self._since_yield = 0
         self._reset_pending = False
         self._pin = False
@@ -132,13 +172,14 @@ class CPUBackend(BaseBackend):
         if want == "true" and not cuda:
             raise ConfigError("pin_memory is true but CUDA is not available", "options.pin_memory")
         self._pin = cuda and want != "false"
+        self._pool = BufferPool(self.max_bytes, pin=self._pin)
 
     async def _close(self) -> None:
         with self._lock:
             self._entries.clear()
             self._npins = 0
-            self._free.clear()
-            self._used = self._free_bytes = self._reserved = 0
+            self._pool.clear()
+            self._used = self._data_bytes = self._reserved = 0
 
     def set_eviction_listener(self, listener: EvictionListener | None) -> None:
         """Call ``listener(key, tensor)`` before an entry is evicted for capacity.
@@ -150,68 +191,66 @@ class CPUBackend(BaseBackend):
         self._eviction_listener = listener
 
     # ------------------------------------------------------------------ memory
-    def _alloc(self, nbytes: int) -> torch.Tensor | None:
-        """A flat uint8 buffer of ``nbytes``, recycled when possible; ``None`` if no room."""
-        with self._lock:
-            return self._alloc_locked(nbytes)
+    # The bound: self._used (live entries, stale ones until released) + self._pool.bytes
+    # (recycled buffers) + self._reserved (buffers being filled) <= max_bytes, each
+    # buffer charged its Buffer.cost (see host_buffers.py).
+    def _alloc_locked(self, nbytes: int) -> Buffer | None:
+        """A buffer for ``nbytes``, recycled when possible; ``None`` if no room (or memory).
 
-    def _alloc_locked(self, nbytes: int) -> torch.Tensor | None:
-        bucket = self._free.get(nbytes)
-        if bucket:
-            self._free_bytes -= nbytes
-            return bucket.pop()
-        while self._used + self._free_bytes + self._reserved + nbytes > self.max_bytes:
-            if self._free_bytes:
-                self._drop_free_buffer()
-                continue
-            if not self._evict_one():
+        Entries are evicted only while even an empty pool would leave no room; each
+        eviction's buffer joins the pool, and the best pooled buffer is then reused (one of
+        the exact size, else a map resized), the rest dropped as far as the bound needs.
+        """
+        pool = self._pool
+        buf = pool.take(nbytes)
+        if buf is not None:
+            return buf  # its cost moves from the pool to the caller: the total is unchanged
+        cost = pool.cost(nbytes)
+        while self._used + self._reserved + cost > self.max_bytes:
+            if not self._evict_one_locked():
                 return None
-            bucket = self._free.get(nbytes)
-            if bucket:
-                self._free_bytes -= nbytes
-                return bucket.pop()
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._pin)
+            buf = pool.take(nbytes)
+            if buf is not None:
+                return buf
+        if self._used + pool.bytes + self._reserved + cost > self.max_bytes:
+            buf = pool.take_resized(nbytes)
+        while pool.count and self._used + pool.bytes + self._reserved + cost > self.max_bytes:
+            pool.drop_one()
+        if buf is not None:
+            return buf
+        try:
+            return pool.new(nbytes)
+        except (OSError, RuntimeError, MemoryError) as exc:
+            log.warning("cpu tier %r cannot allocate %d bytes: %s", self.name, nbytes, exc)
+            return None
 
-    def _drop_free_buffer(self) -> None:
-        size = next(iter(self._free))
-        bucket = self._free[size]
-        bucket.pop()
-        self._free_bytes -= size
-        if not bucket:
-            del self._free[size]
-
-    def _recycle(self, buf: torch.Tensor) -> None:
-        n = buf.numel()
-        if n == 0:
-            return
+    def _recycle(self, buf: Buffer) -> None:
         with self._lock:
-            self._recycle_locked(buf, n)
+            if buf.capacity == 0:
+                return
+            if self._used + self._pool.bytes + self._reserved + buf.cost > self.max_bytes:
+                return  # let it go: keeping it would exceed the bound
+            self._pool.give(buf)
 
-    def _recycle_locked(self, buf: torch.Tensor, n: int) -> None:
-        if self._used + self._free_bytes + self._reserved + n > self.max_bytes:
-            return  # let it go: keeping it would exceed the bound
-        self._free.setdefault(n, []).append(buf)
-        self._free_bytes += n
+    def _free_entry(self, entry: _Entry) -> None:
+        """Account for an entry nobody uses any more and recycle its buffer."""
+        self._used -= entry.mem.cost
+        self._data_bytes -= entry.nbytes
+        self._recycle(entry.mem)
 
     def _release(self, entry: _Entry) -> None:
         """Entry no longer indexed: free its buffer once nobody reads it."""
         with self._lock:
             entry.stale = True
             if entry.users == 0:
-                self._used -= entry.nbytes
-                self._recycle(entry.buf)
+                self._free_entry(entry)
 
     def _unuse(self, entry: _Entry) -> None:
         """Drop one reader or pin of ``entry``; free it if it was released meanwhile."""
         with self._lock:
             entry.users -= 1
             if entry.stale and entry.users == 0:
-                self._used -= entry.nbytes
-                self._recycle(entry.buf)
-
-    def _evict_one(self) -> bool:
-        with self._lock:
-            return self._evict_one_locked()
+                self._free_entry(entry)
 
     def _evict_one_locked(self) -> bool:
         for key, entry in self._entries.items():
@@ -227,7 +266,8 @@ class CPUBackend(BaseBackend):
                 self._evicted_bytes += entry.nbytes
                 if taken:  # handed over: account for it, never recycle the buffer
                     entry.stale = True
-                    self._used -= entry.nbytes
+                    self._used -= entry.mem.cost
+                    self._data_bytes -= entry.nbytes
                 else:
                     self._release(entry)
                 return True
@@ -270,48 +310,66 @@ class CPUBackend(BaseBackend):
         return [k in entries for k in keys]
 
     async def _get(self, key: CacheEngineKey) -> torch.Tensor | None:
-        entry = self._entries.get(key)
+        entry = self._acquire(key)
         if entry is None:
             return None
-        out = torch.empty(entry.shape, dtype=entry.dtype)
-        await self._read(key, entry, out)
+        try:
+            out = torch.empty(entry.shape, dtype=entry.dtype)
+            if entry.nbytes:
+                await self._copy(out, entry.buf)
+        finally:
+            self._unuse(entry)
         return out
 
     async def _get_into(self, key: CacheEngineKey, out: torch.Tensor) -> bool:
-        entry = self._entries.get(key)
+        entry = self._acquire(key, out)
         if entry is None:
             return False
-        if out.dtype != entry.dtype or out.shape != entry.shape:
-            raise BufferMismatchError(
-                f"output tensor is {out.dtype}{list(out.shape)}, stored chunk is "
-                f"{entry.dtype}{list(entry.shape)}"
-            )
-        await self._read(key, entry, out)
-        return True
-
-    async def _read(self, key: CacheEngineKey, entry: _Entry, out: torch.Tensor) -> None:
-        with self._lock:
-            if not entry.stale:
-                self._entries.move_to_end(key)
-            entry.users += 1
         try:
             if entry.nbytes:
                 await self._copy(out, entry.buf)
         finally:
             self._unuse(entry)
+        return True
+
+    def _acquire(self, key: CacheEngineKey, out: torch.Tensor | None = None) -> _Entry | None:
+        """The entry stored under ``key`` with one more reader, or ``None``.
+
+        Looked up and referenced under one acquisition of the lock: other threads store,
+        remove and unpin too, and an entry released between a lookup and its reference
+        would have its buffer recycled (and handed to another key) while it is read.
+        """
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            if out is not None and (out.dtype != entry.dtype or out.shape != entry.shape):
+                raise BufferMismatchError(
+                    f"output tensor is {out.dtype}{list(out.shape)}, stored chunk is "
+                    f"{entry.dtype}{list(entry.shape)}"
+                )
+            self._entries.move_to_end(key)
+            entry.users += 1
+            return entry
 
     async def _put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
         if value.device.type != "cpu":
             value = value.to("cpu")
             donate = True
         nbytes = value.numel() * value.element_size()
-        if nbytes > self.max_bytes:
+        if self._pool.cost(nbytes) > self.max_bytes:
             return False
-        if donate and value.is_contiguous() and (value.is_pinned() or not self._pin):
-            buf = _flat_bytes(value)
-            if not self._make_room(nbytes):
-                return False
-            self._install(key, _Entry(buf, value.dtype, value.shape))
+        if (
+            donate
+            and value.is_contiguous()
+            and (value.is_pinned() or not self._pin)
+            and _owns_storage(value, nbytes)
+        ):
+            mem = self._pool.wrap(_flat_bytes(value))
+            with self._lock:
+                if not self._make_room_locked(mem.cost):
+                    return False
+                self._install(key, _Entry(mem, value.dtype, value.shape))
             return True
         src = value.contiguous()
         old = self._entries.get(key)
@@ -331,45 +389,44 @@ class CPUBackend(BaseBackend):
                     self._entries.move_to_end(key)
                     return True
         with self._lock:
-            fresh = self._alloc(nbytes)
+            fresh = self._alloc_locked(nbytes)
             if fresh is None:
                 return False
             buf = fresh
-            self._reserved += nbytes
+            self._reserved += buf.cost
         try:
-            await self._copy(buf, src)
+            if nbytes:
+                await self._copy(buf.data, src)
         except asyncio.CancelledError:
             # A worker thread may still be writing into buf: never recycle it.
             with self._lock:
-                self._reserved -= nbytes
+                self._reserved -= buf.cost
             raise
         except BaseException:
             with self._lock:
-                self._reserved -= nbytes
+                self._reserved -= buf.cost
                 self._recycle(buf)
             raise
         with self._lock:
-            self._reserved -= nbytes
+            self._reserved -= buf.cost
             self._install(key, _Entry(buf, value.dtype, value.shape))
         return True
 
-    def _make_room(self, nbytes: int) -> bool:
-        with self._lock:
-            return self._make_room_locked(nbytes)
-
-    def _make_room_locked(self, nbytes: int) -> bool:
-        while self._used + self._free_bytes + self._reserved + nbytes > self.max_bytes:
-            if self._free_bytes:
-                self._drop_free_buffer()
-            elif not self._evict_one():
+    def _make_room_locked(self, cost: int) -> bool:
+        while self._used + self._pool.bytes + self._reserved + cost > self.max_bytes:
+            if self._pool.count:
+                self._pool.drop_one()
+            elif not self._evict_one_locked():
                 return False
         return True
 
     def _install(self, key: CacheEngineKey, entry: _Entry) -> None:
         with self._lock:
+            entry.pin_order = next(_INSTALLS)
             old = self._entries.pop(key, None)
             self._entries[key] = entry
-            self._used += entry.nbytes
+            self._used += entry.mem.cost
+            self._data_bytes += entry.nbytes
             if old is not None:
                 self._release(old)
 
@@ -407,14 +464,27 @@ class CPUBackend(BaseBackend):
 
     def pin_many(self, keys: Sequence[CacheEngineKey]) -> list[object | None]:
         """:meth:`pin` for each key, under one acquisition of the lock."""
+        out: list[object | None] = []
         with self._lock:
-            return [self.pin(k) for k in keys]
+            get = self._entries.get
+            for k in keys:
+                entry = get(k)
+                if entry is not None:
+                    entry.users += 1
+                    self._npins += 1
+                out.append(entry)
+        return out
 
     def unpin_many(self, handles: Sequence[object]) -> None:
-        """:meth:`unpin` for each handle, under one acquisition of the lock."""
+        """:meth:`unpin` for each handle, under one acquisition of the lock (all handles
+        are checked first: a foreign one raises ``TypeError`` with nothing undone)."""
+        for h in handles:
+            if not isinstance(h, _Entry):
+                raise TypeError(f"not a pin handle of this backend: {h!r}")
         with self._lock:
             for h in handles:
-                self.unpin(h)
+                self._npins -= 1
+                self._unuse(h)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ thread-safe loads
     def try_batched_get_into_threadsafe(
@@ -465,6 +535,96 @@ class CPUBackend(BaseBackend):
             results.append(True if ok else None)
         return results
 
+    # ------------------------------------------------------------------ thread-safe lookups
+    def try_batched_contains_threadsafe(
+        self, keys: Sequence[CacheEngineKey]
+    ) -> list[bool | None] | None:
+        """``contains`` for each key from the calling thread, without the event loop.
+
+        One acquisition of the index lock for the whole batch. ``None`` overall when the
+        backend is not started or a key is not a :class:`CacheEngineKey` (the async
+        ``batched_contains`` then raises the right error). Part of the thread-safe fast
+        paths (:class:`~lmcache_core.sync.ThreadSafeFastPaths`): the ``pin``/``unpin``
+        family of this backend is safe from any thread too.
+        """
+        if self._state != "started":
+            return None
+        if keys and set(map(type, keys)) != _KEY_TYPES:  # a subclass goes the async way
+            return None
+        with self._lock:
+            entries = self._entries
+            return [k in entries for k in keys]
+
+    # ------------------------------------------------------------------ thread-safe stores
+    def try_batched_put_threadsafe(
+        self,
+        keys: Sequence[CacheEngineKey],
+        values: Sequence[torch.Tensor],
+        donate: bool = False,
+    ) -> list[bool | None] | None:
+        """``put`` for each pair from the calling thread, without the event loop.
+
+        Per pair: ``True`` (stored), ``False`` (refused: larger than the capacity, or no
+        room because everything is in use) or ``None`` (not decided here: a value that is
+        not a contiguous host tensor; the async ``batched_put`` handles it). ``None``
+        overall when the backend is not started. The buffer is reserved under the index
+        lock, filled outside it (a new buffer, so no reader can see a half-written
+        value) and published under the lock. Pairs run in order and the first undecided
+        pair leaves every later one undecided too, so whatever the async path stores
+        comes after what was stored here: a later duplicate key wins, as with one call.
+        """
+        if self._state != "started" or len(keys) != len(values):
+            return None
+        results: list[bool | None] = []
+        for key, value in zip(keys, values, strict=True):
+            if (
+                not isinstance(key, CacheEngineKey)
+                or not isinstance(value, torch.Tensor)
+                or not value.is_cpu
+                or not value.is_contiguous()
+                or _too_long(key)  # the async put raises the clear error
+            ):
+                results.extend([None] * (len(keys) - len(results)))
+                break
+            stored = self._put_from_thread(key, value, donate)
+            with self._lock:
+                if stored:
+                    self._thread_puts += 1
+                    self._thread_put_bytes += value.nbytes
+                else:
+                    self._thread_rejected_puts += 1
+            results.append(stored)
+        return results
+
+    def _put_from_thread(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
+        nbytes = value.nbytes
+        if self._pool.cost(nbytes) > self.max_bytes:
+            return False
+        if donate and (value.is_pinned() or not self._pin) and _owns_storage(value, nbytes):
+            mem = self._pool.wrap(_flat_bytes(value))
+            with self._lock:
+                if not self._make_room_locked(mem.cost):
+                    return False
+                self._install(key, _Entry(mem, value.dtype, value.shape))
+            return True
+        with self._lock:
+            buf = self._alloc_locked(nbytes)
+            if buf is None:
+                return False
+            self._reserved += buf.cost
+        try:
+            if nbytes:
+                copy_into(buf.data, value)
+        except BaseException:
+            with self._lock:
+                self._reserved -= buf.cost
+                self._recycle(buf)
+            raise
+        with self._lock:
+            self._reserved -= buf.cost
+            self._install(key, _Entry(buf, value.dtype, value.shape))
+        return True
+
     # ------------------------------------------------------------------ introspection
     def stats(self) -> dict[str, Any]:
         """Counters and usage, including loads served by other threads."""
@@ -473,15 +633,27 @@ class CPUBackend(BaseBackend):
             d["hits"] += self._thread_hits
             d["misses"] += self._thread_misses
             d["bytes_read"] += self._thread_bytes
+            d["puts"] += self._thread_puts
+            d["bytes_written"] += self._thread_put_bytes
+            d["rejected_puts"] += self._thread_rejected_puts
             d["threadsafe_hits"] = self._thread_hits
             d["pinned_entries"] = self._npins
         return d
+
+    def entry_cost(self, nbytes: int) -> int:
+        """Bytes of ``max_bytes`` one entry holding an ``nbytes`` value takes.
+
+        Its buffer (rounded to what the allocator really takes) plus a fixed per-entry
+        overhead: ``n`` values of ``nbytes`` fit when ``max_bytes >= n * entry_cost(nbytes)``.
+        """
+        return self._pool.cost(nbytes)
 
     def _usage(self) -> dict[str, Any]:
         return {
             "entries": len(self._entries),
             "used_bytes": self._used,
-            "recycled_bytes": self._free_bytes,
+            "data_bytes": self._data_bytes,
+            "recycled_bytes": self._pool.bytes,
             "max_bytes": self.max_bytes,
             "evictions": self._evictions,
             "evicted_bytes": self._evicted_bytes,

@@ -8,7 +8,10 @@ from __future__ import annotations
 from .contract import (
     BackendContract,
     CapacityContract,
+    CorruptionContract,
+    NamespaceContract,
     PersistentContract,
+    ProcessContract,
     SharedContract,
     make_key,
     random_tensor,
@@ -20,7 +23,10 @@ from .reference import ReferenceBackend
 __all__ = [
     "BackendContract",
     "CapacityContract",
+    "CorruptionContract",
+    "NamespaceContract",
     "PersistentContract",
+    "ProcessContract",
     "ReferenceBackend",
     "SharedContract",
     "make_key",

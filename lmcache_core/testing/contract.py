@@ -18,12 +18,24 @@ Which mixins apply follows the backend's :class:`~lmcache_core.Capabilities`:
 ``BackendContract`` always; ``PersistentContract`` when ``persistent``;
 ``SharedContract`` when ``shared``; ``CapacityContract`` when ``bounded``. A test in
 ``BackendContract`` fails when a declared capability's mixin is missing.
+
+Mixins for persistent and shared stores that need one more fixture each:
+``CorruptionContract`` (``corrupt_entry``: damaged objects are misses),
+``NamespaceContract`` (``namespace_factory``: namespaces are isolated) and
+``ProcessContract`` (``backend_spec``: sharing between processes, a writer killed
+mid-put).
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
+import json
+import random
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -33,12 +45,15 @@ import torch
 
 from ..backend import StorageBackend
 from ..errors import BackendClosedError, BufferMismatchError, LMCacheError
-from ..keys import CacheEngineKey
+from ..keys import CacheEngineKey, Namespace
 
 __all__ = [
     "BackendContract",
     "CapacityContract",
+    "CorruptionContract",
+    "NamespaceContract",
     "PersistentContract",
+    "ProcessContract",
     "SharedContract",
     "make_key",
     "random_tensor",
@@ -590,6 +605,179 @@ class CapacityContract(_Base):
                         make_key(f"lru{i}"), random_tensor((chunk,), torch.uint8, seed=i + 2)
                     )
                 assert same_bits(await b.get(first), v), "the hottest entry was evicted"
+            finally:
+                await b.close()
+
+        self.run(body)
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+class CorruptionContract(_Base):
+    """For persistent backends: a damaged object is a miss, never wrong data or an error.
+
+    Needs the fixture ``corrupt_entry``: ``corrupt_entry(backend, key, kind)`` (sync or
+    async) damages the stored object of ``key`` on the medium itself, where ``kind`` is
+    ``"flip"`` (one byte of the tensor data changed), ``"truncate"`` (the object cut
+    short) or ``"foreign"`` (replaced by a valid object of another key).
+    :func:`lmcache_core.testing.blob.corrupt_blob` does it for every byte-store backend.
+    """
+
+    CORRUPTIONS = ("flip", "truncate", "foreign")
+
+    def test_damaged_objects_are_misses(
+        self, backend_factory: Factory, corrupt_entry: Callable[..., Any]
+    ) -> None:
+        async def body() -> None:
+            b = await _started(backend_factory)
+            try:
+                for i, kind in enumerate(self.CORRUPTIONS):
+                    key = make_key(f"corrupt-{kind}")
+                    value = random_tensor((8192,), torch.float16, seed=40 + i)
+                    for read in ("get", "get_into", "batched_get_into"):
+                        assert await b.put(key, value)
+                        await _maybe_await(corrupt_entry(b, key, kind))
+                        misses = b.stats()["misses"]
+                        out = torch.empty_like(value)
+                        if read == "get":
+                            assert await b.get(key) is None, f"{kind} object served by get"
+                        elif read == "get_into":
+                            assert await b.get_into(key, out) is False, f"{kind} object served"
+                        else:
+                            assert await b.batched_get_into([key], [out]) == [False]
+                        assert b.stats()["misses"] > misses
+                        # a fresh put of the key is stored and served again
+                        assert await b.put(key, value)
+                        assert same_bits(await b.get(key), value)
+            finally:
+                await b.close()
+
+        self.run(body)
+
+
+class NamespaceContract(_Base):
+    """For backends that store a namespace: one namespace never sees another's objects.
+
+    Needs the fixture ``namespace_factory``: ``namespace_factory(namespace)`` returns a
+    new, unstarted backend over the same storage as ``backend_factory``, opened with
+    that :class:`~lmcache_core.Namespace`.
+    """
+
+    def test_namespaces_are_isolated(self, namespace_factory: Callable[[Namespace], Any]) -> None:
+        async def body() -> None:
+            a = namespace_factory(Namespace(model_name="contract-a", chunk_size=64))
+            b = namespace_factory(Namespace(model_name="contract-b", chunk_size=64))
+            await a.start()
+            await b.start()
+            try:
+                key = make_key("ns")
+                va = random_tensor((512,), torch.float16, seed=51)
+                vb = random_tensor((512,), torch.float16, seed=52)
+                assert await a.put(key, va)
+                assert await b.get(key) is None
+                assert await b.contains(key) is False
+                assert await b.get_into(key, torch.empty_like(va)) is False
+                assert await b.put(key, vb)
+                assert same_bits(await a.get(key), va)
+                assert same_bits(await b.get(key), vb)
+                assert await b.remove(key)
+                assert same_bits(await a.get(key), va)
+            finally:
+                await a.close()
+                await b.close()
+
+        self.run(body)
+
+
+def _child(spec: dict[str, Any], mode: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "lmcache_core.testing.worker", json.dumps(spec), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float = 120.0) -> int:
+    try:
+        _out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError("contract worker process did not finish") from None
+    if proc.returncode not in (0, 3):
+        raise AssertionError(f"contract worker failed (rc={proc.returncode}):\n{err[-3000:]}")
+    return proc.returncode
+
+
+class ProcessContract(_Base):
+    """For ``shared`` persistent backends: other processes see the data, and a writer
+    killed mid-put leaves every object old, new or absent, never partial.
+
+    Needs the fixture ``backend_spec``: a JSON-able dict that a child process turns into
+    a backend over the same storage as ``backend_factory``
+    (``{"target": "pkg.module:Class", "options": {...}}``, optionally ``"namespace"``
+    JSON and ``"name"``; see :mod:`lmcache_core.testing.worker`).
+    """
+
+    #: How many times a writer is killed mid-run.
+    kill_rounds = 2
+
+    def test_two_processes_share_data(
+        self, backend_factory: Factory, backend_spec: dict[str, Any]
+    ) -> None:
+        from .worker import shared_key, shared_value
+
+        assert _finish(_child(backend_spec, "put")) == 0
+
+        async def body() -> None:
+            b = await _started(backend_factory)
+            try:
+                for i in range(4):
+                    assert same_bits(await b.get(shared_key(i)), shared_value(i)), i
+                assert await b.put(shared_key(4), shared_value(4))
+            finally:
+                await b.close()
+
+        self.run(body)
+        assert _finish(_child(backend_spec, "check")) == 0, "the other process missed key 4"
+
+    def test_writer_killed_mid_put_leaves_no_partial_object(
+        self, backend_factory: Factory, backend_spec: dict[str, Any]
+    ) -> None:
+        from ..maintenance import MaintainableBackend
+        from .worker import killed_writer_candidates, shared_key
+
+        rng = random.Random(7)
+        for _ in range(self.kill_rounds):
+            proc = _child(backend_spec, "forever")
+            try:
+                assert proc.stdout is not None
+                line = proc.stdout.readline()
+                assert line.strip() == "ready", f"writer did not start: {proc.stderr}"
+                time.sleep(rng.uniform(0.05, 0.4))
+            finally:
+                proc.send_signal(signal.SIGKILL)
+                proc.communicate()
+
+        async def body() -> None:
+            b = await _started(backend_factory)
+            try:
+                for j in range(4):
+                    got = await b.get(shared_key(j, "killed"))
+                    assert got is None or any(
+                        same_bits(got, c) for c in killed_writer_candidates(j)
+                    ), f"key {j}: a partial or mixed object was served"
+                if isinstance(b, MaintainableBackend):
+                    check = getattr(b, "check_entry", None)
+                    async for e in b.scan():
+                        if callable(check):
+                            why = await check(e)
+                            assert why in (None, "missing"), f"{e.location}: {why}"
+                        else:
+                            assert await b.verify_entry(e), e.location
             finally:
                 await b.close()
 

@@ -237,6 +237,25 @@ class Tier:
         self.stats.lookup_found += sum(found)
         return found
 
+    async def contains_prefix(self, keys: Sequence[CacheEngineKey]) -> list[bool] | None:
+        """Like :meth:`batched_contains`, for a prefix lookup: a backend with a native
+        ``contains_prefix(keys) -> int`` (how many leading keys it holds; the byte-store
+        base has one: ``ceil(log2(n)) + 1`` requests) answers for the leading keys only,
+        the rest reported missing."""
+        native = getattr(self.backend, "contains_prefix", None)
+        if not callable(native):
+            return await self.batched_contains(keys)
+        t0 = time.perf_counter()
+        res = await self._call("lookup", lambda: self._with_lookup_deadline(native(keys)), None)
+        self.stats.lookup_latency.add(time.perf_counter() - t0)
+        self.stats.lookups += 1
+        self.stats.lookup_keys += len(keys)
+        if res is None:
+            return None
+        n = max(0, min(len(keys), int(res)))
+        self.stats.lookup_found += n
+        return [True] * n + [False] * (len(keys) - n)
+
     # ------------------------------------------------------------------ loads
     def _count_loads(self, hits: Sequence[bool], nbytes: Sequence[int], t0: float) -> None:
         n_hit = sum(hits)
@@ -315,7 +334,10 @@ class Tier:
             hits = await self._with_load_deadline(load, release)
             for h, buf, out in zip(hits, staging, outs, strict=True):
                 if h:
-                    out.copy_(buf)
+                    # (vLLM's buffers are inference tensors: an in-place copy outside
+                    # inference mode raises)
+                    with torch.inference_mode():
+                        out.copy_(buf)
             return hits
         finally:
             if not release.handed_over:

@@ -7,6 +7,8 @@ import os
 import tempfile
 from typing import Any
 
+from ...redaction import scrub
+
 __all__ = ["read_stats", "write_stats"]
 
 
@@ -15,8 +17,8 @@ def write_stats(directory: str, name: str, data: dict[str, Any]) -> None:
     try:
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".stats.")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, sort_keys=True, default=str)
+        with os.fdopen(fd, "w") as f:  # mkstemp: owner-only; config secrets scrubbed
+            json.dump(scrub(data), f, sort_keys=True, default=str)
         os.replace(tmp, os.path.join(directory, name))
     except OSError:
         pass
