@@ -176,3 +176,54 @@ def test_an_early_lookup_answers_for_a_later_start(setup: Any) -> None:
     assert res is not None and res.found == [2] and res.pinned == [2]
     assert lk.started == 1
     lk.release("r")
+
+
+def test_a_background_load_releases_only_the_leases_its_lookup_took(tmp_path: Path) -> None:
+    """A hit this load's lookup did not pin (found in a tier that cannot pin) is not
+    released when the load ends: ``release`` ends one lease per key whoever took it, so
+    that would end another caller's lease on the same chunk."""
+    cfg = load_config(
+        {
+            "chunk_size": 32,
+            "tiers": [
+                {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "16MiB"}},
+                {
+                    "name": "ref",
+                    "backend_class": "lmcache_core.testing.reference:ReferenceBackend",
+                },
+            ],
+        }
+    )
+    storage = Storage(cfg, NS)
+    try:
+        views = caches("cpu", "LBHNC")
+        fill(views, 5)
+        copier = BlockCopier(views, BLOCKS)
+        src = torch.empty(copier.chunk_shape(2))
+        copier.gather([0, 1], src)
+        key = DB.make_key(300)
+        lower = storage.hierarchy.tiers[1].backend
+        assert storage.sync.io.run(lower.put(key, src))  # only in the tier that cannot pin
+        dst_views = caches("cpu", "LBHNC")
+        buffers = ChunkBuffers(copier.chunk_shape(2), torch.float32, max_buffers=2)
+        loads = AsyncLoads(
+            storage, buffers, BlockCopier(dst_views, BLOCKS), deadline_s=5.0, block_nbytes=1
+        )
+        loads.start("a", [ChunkLoad("a", 0, 300, 0, [4, 5])], [key])
+        lookup = loads._jobs["a"].lookup
+        assert lookup is not None
+        _wait(lookup.done)
+        assert lookup.result().num_hit == 1 and lookup.result().pinned == (False,)
+        # Another caller now finds the chunk in the memory tier and leases it.
+        assert storage.put([key], [src]) == [True]
+        other = storage.lookup([key], lease_s=60.0)
+        assert other.num_hit == 1 and other.pinned == (key,)  # the memory tier pins
+        done: set[str] = set()
+        _wait(lambda: done.update(loads.poll().finished) or "a" in done)
+        for layer in range(LAYERS):
+            assert torch.equal(dst_views[layer][4:6], views[layer][0:2])
+        time.sleep(0.05)  # a release the load queued on the IO loop would have run by now
+        assert storage.release(other.pinned) == 1  # the other caller's lease survived
+        assert storage.release(other.pinned) == 0
+    finally:
+        storage.close()

@@ -34,7 +34,7 @@ from ...keys import CacheEngineKey
 from .layout import BlockCopier
 from .metadata import ChunkLoad
 from .staging import ChunkBuffers
-from .storage import Storage
+from .storage import Storage, pinned_keys
 
 __all__ = ["AsyncLoads", "LoadOutcome"]
 
@@ -49,6 +49,7 @@ class _Job:
     lookup: concurrent.futures.Future[PrefixLookup] | None = None
     tiers: list[str] = field(default_factory=list)
     limit: int = 0  # chunks found by the lookup (the others fail)
+    pinned: list[CacheEngineKey] = field(default_factory=list)  # released when over
     next: int = 0  # next chunk to fetch
     running: int = 0  # fetches in flight
     done: list[tuple[int, bool]] = field(default_factory=list)  # (chunk, loaded), any thread
@@ -99,6 +100,7 @@ class AsyncLoads:
         self.deadline_misses = 0
         self.loaded_blocks_by_tier: dict[str, int] = {}
         self.scatter_seconds = 0.0
+        self._stats_lock = threading.Lock()  # scatters run in helper threads
         #: per request: bytes, seconds from the first read to the poll reporting it
         #: finished, and to the last chunk in place
         self.throughput: list[tuple[int, float, float]] = []
@@ -146,6 +148,7 @@ class AsyncLoads:
         try:
             res = fut.result()
             job.limit = res.num_hit
+            job.pinned = pinned_keys(job.keys, res)
             job.tiers = [res.tier_of(i) for i in range(res.num_hit)]
         except Exception:
             job.limit = 0
@@ -188,7 +191,9 @@ class AsyncLoads:
             event = self.copier.scatter_from_host(buf[:, ld.skip : ld.skip + n], ld.block_ids)
             if event is not None:
                 event.synchronize()
-            self.scatter_seconds += time.perf_counter() - t0
+            spent = time.perf_counter() - t0
+        with self._stats_lock:
+            self.scatter_seconds += spent
         return True
 
     def _on_fetched(
@@ -254,14 +259,13 @@ class AsyncLoads:
 
         def done(f: concurrent.futures.Future[PrefixLookup]) -> None:
             if not f.cancelled() and f.exception() is None:
-                storage.release_soon(keys[: f.result().num_hit])
+                storage.release_soon(pinned_keys(keys, f.result()))
 
         fut.add_done_callback(done)
 
     def _finish(self, job: _Job, out: LoadOutcome) -> None:
         out.finished.add(job.req_id)
-        if job.limit:
-            self.storage.release_soon(job.keys[: job.limit])
+        self.storage.release_soon(job.pinned)
         if job.cancelled:
             return
         failed = sorted(set(job.failed))
@@ -290,8 +294,8 @@ class AsyncLoads:
             job.cancelled = True
             if job.lookup is not None:
                 self._release_when_done(job.lookup, job.keys)
-            elif job.limit:
-                self.storage.release_soon(job.keys[: job.limit])
+            else:
+                self.storage.release_soon(job.pinned)
         self._jobs.clear()
 
     def pending_fetches(self) -> Any:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ...hierarchy import PrefixLookup
 from ...keys import CacheEngineKey
-from .storage import Storage
+from .storage import Storage, pinned_keys
 
 __all__ = ["RankHits", "ViewLookups"]
 
@@ -167,10 +167,9 @@ class ViewLookups:
 def _leased(
     keys: Sequence[Sequence[CacheEngineKey]], results: Sequence[PrefixLookup]
 ) -> list[CacheEngineKey]:
-    """The keys a lookup pinned."""
+    """The keys a lookup pinned (every rank's)."""
     return [
         k
         for rank_keys, res in zip(keys, results, strict=False)
-        for i, k in enumerate(rank_keys[: res.num_hit])
-        if i < len(res.pinned) and res.pinned[i]
+        for k in pinned_keys(rank_keys, res)
     ]

@@ -29,7 +29,7 @@ from ...hierarchy import PrefixLookup, TieredHierarchy
 from ...keys import CacheEngineKey, Namespace
 from ...sync import SyncBackend
 
-__all__ = ["Lookup", "Storage", "load_storage_config"]
+__all__ = ["Lookup", "Storage", "load_storage_config", "pinned_keys"]
 
 log = logging.getLogger("vllm.lmcache_core.storage")
 T = TypeVar("T")
@@ -45,10 +45,19 @@ def load_storage_config(raw: dict[str, Any], source: str = "") -> CacheConfig:
 
 @dataclass(frozen=True)
 class Lookup:
-    """Leading keys available, and the name of the tier holding each."""
+    """Leading keys available, the name of the tier holding each, and the keys this
+    lookup pinned (the only ones its caller may release)."""
 
     num_hit: int
     tiers: tuple[str, ...]
+    pinned: tuple[CacheEngineKey, ...] = ()
+
+
+def pinned_keys(keys: Sequence[CacheEngineKey], res: PrefixLookup) -> list[CacheEngineKey]:
+    """The keys ``res`` (a lookup of ``keys``) pinned. Release only these:
+    :meth:`TieredHierarchy.release` ends one lease per key whoever took it, so releasing a
+    hit this lookup did not pin would end another caller's lease."""
+    return [k for k, p in zip(keys[: res.num_hit], res.pinned, strict=False) if p]
 
 
 class Storage:
@@ -135,18 +144,24 @@ class Storage:
 
     # ------------------------------------------------------------------ blocking calls
     def lookup(self, keys: Sequence[CacheEngineKey], lease_s: float | None = None) -> Lookup:
-        """How many leading ``keys`` some tier holds (pinned for ``lease_s`` when given)."""
+        """How many leading ``keys`` some tier holds (pinned for ``lease_s`` when given).
+
+        Blocking: answered in the calling thread when every tier asked can answer from a
+        thread (``cpu``), else in one hop to the IO loop (SyncBackend's fast path)."""
         if not keys:
             return Lookup(0, ())
-        res = self.sync.io.run(
-            self.hierarchy.lookup_prefix(keys, lease_s=lease_s), self.sync.timeout
+        res = self.sync.lookup_prefix(keys, lease_s=lease_s)
+        return Lookup(
+            res.num_hit,
+            tuple(res.tier_of(i) for i in range(res.num_hit)),
+            tuple(pinned_keys(keys, res)),
         )
-        return Lookup(res.num_hit, tuple(res.tier_of(i) for i in range(res.num_hit)))
 
-    def release(self, keys: Sequence[CacheEngineKey]) -> None:
-        """End the leases :meth:`lookup` took on ``keys``."""
-        if keys:
-            self.sync.io.run(self.hierarchy.release(keys), self.sync.timeout)
+    def release(self, keys: Sequence[CacheEngineKey]) -> int:
+        """End one lease per key (pass only keys a lookup pinned, e.g. ``Lookup.pinned``);
+        how many ended. Blocking, through SyncBackend's thread-safe fast path when the
+        tiers allow."""
+        return self.sync.release(keys) if keys else 0
 
     def get_into(self, keys: Sequence[CacheEngineKey], outs: Sequence[Any]) -> list[bool]:
         """Load each key into its buffer; ``False`` for a miss (never raises for a miss)."""
@@ -176,11 +191,20 @@ class Storage:
         return self.submit(run())
 
     def release_soon(self, keys: Sequence[CacheEngineKey]) -> None:
-        """End leases on ``keys`` in the background (never raises)."""
+        """End leases on ``keys`` (only keys a lookup pinned) without waiting: in the
+        calling thread when the tiers' pins allow it (no event-loop hop), else on the IO
+        loop in the background. Never raises."""
         if not keys:
             return
+        keys = list(keys)
+        if not self.sync.io.in_loop_thread():
+            try:
+                if self.hierarchy.try_release_threadsafe(keys) is not None:
+                    return
+            except Exception as exc:  # fall back to the loop, which logs what it finds
+                log.debug("thread-safe release failed (%s); releasing on the IO loop", exc)
         try:
-            self.submit(self.hierarchy.release(list(keys)))
+            self.submit(self.hierarchy.release(keys))
         except RuntimeError:  # the IO loop has stopped: the leases ended with it
             pass
 
