@@ -9,6 +9,7 @@ import torch
 from test_hierarchy_fakes import make_registry
 
 from lmcache_core import TieredHierarchy
+from lmcache_core.default_plugins.host_buffers import ENTRY_OVERHEAD
 from lmcache_core.testing import make_key, random_tensor, run_async, same_bits
 
 CHUNK = 64 * 1024
@@ -19,7 +20,8 @@ def chunk(i: int) -> torch.Tensor:
 
 
 def cpu(name: str, chunks: int, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "backend": "cpu", "options": {"max_bytes": chunks * CHUNK}, **extra}
+    opts = {"max_bytes": chunks * (CHUNK + ENTRY_OVERHEAD)}  # each entry is charged its overhead
+    return {"name": name, "backend": "cpu", "options": opts, **extra}
 
 
 def test_every_subscriber_sees_each_eviction_and_write_back_still_works() -> None:
