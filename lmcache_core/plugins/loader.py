@@ -82,6 +82,10 @@ def unregistered_distributions(
     """
     found: dict[str, tuple[str, str | None, list[EntryPoint]]] = {}
     for dist in installed_distributions() if dists is None else dists:
+        # importlib's folder-derived name, when it has one, spares parsing every METADATA
+        quick = getattr(dist, "_normalized_name", None)
+        if isinstance(quick, str) and not quick.lower().startswith("lmcache"):
+            continue
         name = _dist_name(dist)
         if not canonical_name(name).startswith(PLUGIN_PREFIXES):
             continue
