@@ -5,8 +5,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 STAGE  := tools/stage
-# Every first-party distribution in the repository (backends/*, plugins/*).
-DISTS  := $(patsubst %/,%,$(sort $(dir $(wildcard backends/*/pyproject.toml plugins/*/pyproject.toml))))
+# Every first-party distribution in the repository (backends/*, plugins/*); not the
+# template (backends/_template: its tests run with its src/ on the path).
+DISTS  := $(filter-out backends/_template,$(patsubst %/,%,$(sort $(dir $(wildcard backends/*/pyproject.toml plugins/*/pyproject.toml)))))
 
 .PHONY: venv demo test lint typecheck pytest bench bench-peer faults clean
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -48,8 +49,13 @@ def user_venv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LMCACHE_CORE_", "PYTHON"))}
     env["PIP_NO_INPUT"] = "1"
     pip = [sys.executable, "-m", "pip"]
+    # built from a copy: setuptools writes build/ and *.egg-info beside the sources
+    source = tmp / "source"
+    shutil.copytree(
+        EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
+    )
     sh(*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-       "-w", tmp / "dist", EXAMPLE, env=env)  # fmt: skip
+       "-w", tmp / "dist", source, env=env)  # fmt: skip
     (wheel,) = (tmp / "dist").glob("lmcache_backend_sqlite-*.whl")
     venv = tmp / "venv"
     sh(sys.executable, "-m", "venv", "--without-pip", venv, env=env)
