@@ -124,3 +124,15 @@ def test_local_package_option_tables_are_current(folder, package, monkeypatch):
             f"{folder}/README.md: the options table of {name!r} is stale"
         )
     sys.modules.pop(f"{package}.plugin", None)
+
+
+def test_getting_started_code_runs(tmp_path):
+    import subprocess
+
+    text = (ROOT / "docs" / "getting-started.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+    script = tmp_path / "getting_started.py"
+    script.write_text(code.replace('"/tmp/kv"', repr(str(tmp_path / "kv"))))
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "4 chunks hit"
