@@ -99,18 +99,19 @@ def _setting(kvikio: Any, name: str) -> Any:
 
 
 def _gds_available(kvikio: Any) -> bool | None:
-    """Whether the cuFile driver reports GPUDirect Storage (nvidia-fs) as available."""
-    drv = getattr(kvikio, "cufile_driver", None)
-    for probe_fn in (
-        lambda: drv.get("is_gds_available"),  # type: ignore[union-attr]
-        lambda: drv.properties.is_gds_available,  # type: ignore[union-attr]
-        lambda: drv.DriverProperties().is_gds_available,  # type: ignore[union-attr]
-    ):
-        try:
-            return bool(probe_fn())
-        except Exception:
-            continue
-    return None
+    """Whether the cuFile driver reports GPUDirect Storage (nvidia-fs) as available
+    (``None`` when this kvikio cannot say)."""
+    drv: Any = getattr(kvikio, "cufile_driver", None)
+    if drv is None:
+        return None
+    try:
+        return bool(drv.get("is_gds_available"))  # kvikio >= 25.x
+    except Exception:
+        pass
+    try:
+        return bool(drv.DriverProperties().is_gds_available)  # older kvikio
+    except Exception:
+        return None
 
 
 def configure(kvikio: Any, io_threads: int, task_size: int) -> None:
