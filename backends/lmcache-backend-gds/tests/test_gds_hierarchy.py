@@ -38,7 +38,7 @@ def cpu_over_gds(root: Path, stripes: int = 1) -> dict[str, Any]:
 class TestCpuOverGdsHierarchy(BackendContract, PersistentContract):
     @pytest.fixture
     def backend_factory(self, tmp_path: Path) -> Callable[..., Any]:
-        return lambda **opts: TieredHierarchy.from_config(cpu_over_gds(tmp_path / "kv", 2))
+        return lambda **opts: TieredHierarchy.from_config(cpu_over_gds(tmp_path / "kv"))
 
 
 @pytest.mark.parametrize("stripes", [1, 2])
