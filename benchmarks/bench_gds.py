@@ -66,6 +66,10 @@ async def _get(b: GdsBackend, keys: list[CacheEngineKey], outs: list[torch.Tenso
     assert all(all(r) for r in res), "a get missed"
 
 
+async def _remove_all(b: GdsBackend, keys: list[CacheEngineKey]) -> None:
+    await asyncio.gather(*(b.remove(k) for k in keys))
+
+
 class _Size:
     """One chunk size: one long-lived backend (warm threads and buffers) across repeats."""
 
@@ -143,7 +147,7 @@ class _Size:
             assert torch.equal(self.outs[i], self.values[i])
             if a.plain:
                 assert torch.equal(self.plain[i], self.values[i])
-        loop.run_until_complete(asyncio.gather(*(b.remove(k) for k in keys)))
+        loop.run_until_complete(_remove_all(b, keys))
         for d in raw.values():
             shutil.rmtree(d, ignore_errors=True)
 
