@@ -97,6 +97,7 @@ class _Size:
                 "path": os.path.join(self.work, "tier"),
                 "max_bytes": 4 * self.n * (self.nbytes + HEADER),
                 "io_threads": args.io_threads,
+                "io_nice": args.io_nice,
             },
             namespace=Namespace(model_name="bench-gds"),
         )
@@ -162,7 +163,8 @@ class _Size:
         print(
             f"\n{self.nbytes // MiB} MiB chunks x {self.n}, {len(s['put_gds'])} repeats, "
             f"io path: {self.io_path}, cold reads by {self.cold_by}, raw {self.args.inflight} "
-            f"in flight, gds io_threads={self.backend.opts.io_threads} batch={self.args.batch}"
+            f"in flight, gds io_threads={self.backend.opts.io_threads} io_nice="
+            f"{self.backend.opts.io_nice} batch={self.args.batch}"
         )
         for op in ("put", "get"):
             # raw time / gds time, against each raw run of the same repeat (mean of the two)
@@ -208,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inflight", type=int, default=16, help="raw requests in flight")
     p.add_argument("--io-threads", type=int, default=32, help="the gds tier's io_threads")
     p.add_argument("--batch", type=int, default=8, help="chunks per batched call")
+    p.add_argument("--io-nice", type=int, default=0,
+                   help="the tier's io_nice (default 0: the baseline threads' priority)")  # fmt: skip
     p.add_argument("--plain", action="store_true", help="also read into plain buffers")
     p.add_argument("--check", action="store_true",
                    help="exit 1 unless writes >= 0.8x and cold reads >= 0.9x")  # fmt: skip

@@ -70,6 +70,7 @@ class GdsBackend(BaseBackend):
                     "mode": opts.mode,
                     "fsync": opts.fsync,
                     "concurrency": opts.io_threads,
+                    "io_nice": opts.io_nice,
                     "pin_seconds": opts.pin_seconds,
                 },
                 namespace=namespace,

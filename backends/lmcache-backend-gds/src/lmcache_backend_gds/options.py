@@ -46,6 +46,14 @@ class GdsOptions:
         doc="I/O threads per directory: file operations in flight (the POSIX path), and "
         "kvikio's thread pool (num_threads) when cuFile is used.",
     )
+    io_nice: int = option(
+        10,
+        minimum=0,
+        maximum=19,
+        doc="Niceness added to the POSIX I/O threads, as for the disk backend (their copies "
+        "and checksums never starve the event loop or the serving threads; 0: same priority "
+        "as the process).",
+    )
     task_size: int = option(
         "4MiB",
         kind="bytes",
