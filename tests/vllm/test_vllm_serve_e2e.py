@@ -5,7 +5,9 @@ vllm.entrypoints.openai.api_server``) on a free 127.0.0.1 port, driven by the ``
 client package: completions (token-id prompts), chat completions (the model maker's chat
 template), a 3-turn conversation and two concurrent clients sharing a system prompt.
 Server ``a`` starts with empty tiers; server ``b`` is a fresh process on the same disk
-directory (its cpu tier empty) and replays the same requests: the connector loads the
+directory (its cpu tier empty), configured the way an LMCache user's server is (an LMCache
+configuration file describing the same tiers, see ``docs/vllm.md``), and replays the same
+requests: the connector loads the
 prompts from disk (hits counted by vLLM's ``cached_tokens`` and by the worker's
 per-tier counters) and every greedy output is identical. Each cold output's top-1/top-2
 logprob margin is checked, so the comparison cannot flip on float rounding.
@@ -96,8 +98,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start(name: str, model: Path, workdir: Path) -> Server:
-    storage = {
+def _storage(workdir: Path) -> dict[str, Any]:
+    return {
         "chunk_size": c.CHUNK,
         "tiers": [
             {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "64MiB"}},
@@ -109,8 +111,35 @@ def _start(name: str, model: Path, workdir: Path) -> Server:
             },
         ],
     }
-    config = workdir / "storage.json"
-    config.write_text(json.dumps(storage))
+
+
+def _lmcache_file(workdir: Path) -> Path:
+    """An LMCache configuration describing :func:`_storage`'s tiers."""
+    path = workdir / "lmcache.yaml"
+    path.write_text(
+        f"chunk_size: {c.CHUNK}\n"
+        "local_cpu: true\n"
+        "max_local_cpu_size: 0.0625\n"  # GiB: 64 MiB
+        f"local_disk: file://{workdir / 'kv'}\n"
+        "max_local_disk_size: 0.25\n"
+        "save_decode_cache: true\n"
+    )
+    from lmcache_core.config import load_config
+    from lmcache_core.lmcache_compat import from_lmcache, read_lmcache_file
+
+    translated = from_lmcache(read_lmcache_file(path))
+    assert translated.not_honoured == []
+    assert load_config(translated.storage).to_dict() == load_config(_storage(workdir)).to_dict()
+    return path
+
+
+def _start(name: str, model: Path, workdir: Path, *, lmcache: bool = False) -> Server:
+    if lmcache:
+        storage_args = ["--lmcache-config", str(_lmcache_file(workdir))]
+    else:
+        config = workdir / "storage.json"
+        config.write_text(json.dumps(_storage(workdir)))
+        storage_args = ["--config", str(config)]
     stats = workdir / f"stats-{name}"
     port = _free_port()
     log_path = workdir / f"{name}.log"
@@ -123,8 +152,7 @@ def _start(name: str, model: Path, workdir: Path) -> Server:
         str(port),
         "--workdir",
         str(workdir),
-        "--config",
-        str(config),
+        *storage_args,
         "--block-size",
         str(c.BLOCK),
         "--max-model-len",
@@ -241,8 +269,9 @@ def serve_a(vllm_models: Models, serve_workdir: Path) -> Server:
 
 @pytest.fixture(scope="module")
 def serve_b(vllm_models: Models, serve_workdir: Path, serve_a: Server) -> Server:
-    """A fresh server process on the same disk directory, same requests."""
-    server = _start("b", vllm_models.main, serve_workdir)
+    """A fresh server process on the same disk directory, configured by an LMCache file;
+    the same requests."""
+    server = _start("b", vllm_models.main, serve_workdir, lmcache=True)
     try:
         server.outputs = _workload(server)
     finally:
@@ -302,3 +331,5 @@ def test_restarted_server_loads_prompts_from_disk(serve_a: Server, serve_b: Serv
         c.expected_hit(len(p)) // c.CHUNK * c.CHUNK for p in COMPLETION_PROMPTS
     ), stats["loaded_tokens_by_tier"]
     assert stats["failed_chunks"] == 0
+    log = serve_b.log_path.read_text(errors="replace")
+    assert "LMCache settings not honoured" not in log
