@@ -7,7 +7,9 @@ documented keys (not copied from LMCache).
 
 from __future__ import annotations
 
+import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ import torch
 import yaml
 from test_config_cli import cli
 
+from lmcache_core.cli import main as cli_main
 from lmcache_core.config import load_config
 from lmcache_core.errors import ConfigError, KeyFormatError
 from lmcache_core.integrations.vllm.settings import parse_settings
@@ -131,9 +134,36 @@ def _tiers(cfg: Any) -> list[dict[str, Any]]:
     return tiers
 
 
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> Run:
+    """``lmcache-core ARGS`` in this process (the console script's own entry point)."""
+    code = cli_main(list(args))
+    out = capsys.readouterr()
+    return Run(code, out.out, out.err)
+
+
+def test_console_script_translates(tmp_path: Path) -> None:
+    r = cli("config", "from-lmcache", str(DATA / "cpu_disk.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load(r.stdout) == EXPECTED["cpu_disk.yaml"][0]
+    j = cli("config", "from-lmcache", "--json", str(DATA / "s3_remote.yaml"))
+    doc = json.loads(j.stdout)
+    assert doc["storage"] == EXPECTED["s3_remote.yaml"][0]
+    assert doc["connector"] == EXPECTED["s3_remote.yaml"][1]
+    assert [n["key"] for n in doc["not_honoured"]] == EXPECTED["s3_remote.yaml"][2]
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_printed_yaml_reloads_to_the_same_tiers(name: str, tmp_path: Path) -> None:
-    r = cli("config", "from-lmcache", str(DATA / name))
+def test_printed_yaml_reloads_to_the_same_tiers(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    r = run_cli(capsys, "config", "from-lmcache", str(DATA / name))
     assert r.returncode == 0, r.stderr
     native = tmp_path / "native.yaml"
     native.write_text(r.stdout)
@@ -150,7 +180,7 @@ def test_printed_yaml_reloads_to_the_same_tiers(name: str, tmp_path: Path) -> No
         direct.chunk_size,
         direct.hash_algorithm,
     )
-    check = cli("config", "check", str(native))
+    check = run_cli(capsys, "config", "check", str(native))
     assert check.returncode == 0, check.stderr
     not_honoured = EXPECTED[name][2]
     if not_honoured:
@@ -162,14 +192,17 @@ def test_printed_yaml_reloads_to_the_same_tiers(name: str, tmp_path: Path) -> No
         assert "kv_connector_extra_config" in r.stdout  # the connector options, as a comment
 
 
-def test_cli_refuses_a_file_it_cannot_translate(tmp_path: Path) -> None:
+def test_cli_refuses_a_file_it_cannot_translate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "lmc.yaml"
     bad.write_text("local_cpu: false\nremote_url: redis://localhost:6379\n")
-    r = cli("config", "from-lmcache", str(bad))
+    r = run_cli(capsys, "config", "from-lmcache", str(bad))
     assert r.returncode == 1
-    assert "selects no storage" in r.stderr
+    assert "selects no storage" in r.stderr and r.stdout == ""
     bad.write_text("- not a mapping\n")
-    assert cli("config", "from-lmcache", str(bad)).returncode == 1
+    assert run_cli(capsys, "config", "from-lmcache", str(bad)).returncode == 1
+    assert run_cli(capsys, "config", "from-lmcache", str(tmp_path / "missing.yaml")).returncode == 1
 
 
 def test_overrides_and_environment_take_precedence_over_the_file() -> None:

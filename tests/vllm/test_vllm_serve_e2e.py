@@ -333,3 +333,30 @@ def test_restarted_server_loads_prompts_from_disk(serve_a: Server, serve_b: Serv
     assert stats["failed_chunks"] == 0
     log = serve_b.log_path.read_text(errors="replace")
     assert "LMCache settings not honoured" not in log
+
+
+def test_make_serve_command_defaults(
+    vllm_models: Models, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``make serve``'s command: the server module, 127.0.0.1, the embedded cpu + disk
+    storage under the work directory, the connector by its registered name."""
+    sys.path.insert(0, str(SERVE.parent))
+    import serve
+
+    assert (
+        serve.main(
+            ["--model-dir", str(vllm_models.main), "--workdir", str(tmp_path), "--print-command"]
+        )
+        == 0
+    )
+    cmd = capsys.readouterr().out.split()
+    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    ktc = json.loads(" ".join(cmd[cmd.index("--kv-transfer-config") + 1 :]))
+    assert ktc["kv_connector"] == "LMCacheCoreConnector"
+    tiers = ktc["kv_connector_extra_config"]["config"]["tiers"]
+    assert [t["backend"] for t in tiers] == ["cpu", "disk"]
+    assert tiers[1]["options"]["path"] == str(tmp_path.resolve() / "kv")
+    # the model maker's chat template is in tokenizer_config.json (chat completions need it)
+    tok = json.loads((vllm_models.main / "tokenizer_config.json").read_text())
+    assert "add_generation_prompt" in tok["chat_template"]
