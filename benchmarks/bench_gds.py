@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--inflight", type=int, default=16, help="raw requests in flight")
     p.add_argument("--io-threads", type=int, default=32, help="the gds tier's io_threads")
-    p.add_argument("--batch", type=int, default=8, help="chunks per batched call")
+    p.add_argument("--batch", type=int, default=16, help="chunks per batched call")
     p.add_argument("--io-nice", type=int, default=0,
                    help="the tier's io_nice (default 0: the baseline threads' priority)")  # fmt: skip
     p.add_argument("--plain", action="store_true", help="also read into plain buffers")
