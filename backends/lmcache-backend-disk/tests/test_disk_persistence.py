@@ -117,4 +117,6 @@ def test_100k_entries_reopen_cold_within_10_seconds(scratch_fs: str) -> None:
           f"{read_at_start / 2**20:.1f} MiB read from storage during start")  # fmt: skip
     assert found == N
     assert t_all < 10.0, f"reopening and finding 100k entries took {t_all:.1f} s"
-    assert read_at_start < 16 * 2**20, "start() must not read the objects"
+    # start() reads the index (the lookup view loads its entries: ~25 MiB for 100k rows),
+    # never the objects (100k x 8 KiB on disk = 780 MiB)
+    assert read_at_start < 64 * 2**20, "start() must not read the objects"
