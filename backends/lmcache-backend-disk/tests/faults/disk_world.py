@@ -132,7 +132,8 @@ class Tally:
         )
 
     def report(self, campaign: str) -> str:
-        """Log the tally (``LMCACHE_FAULTS_LOG``) and return a one-line summary."""
+        """Log the tally (``LMCACHE_FAULTS_LOG``) and return a one-line summary
+        (``FAULTS <campaign>: <json>``, the core campaign's prefix)."""
         record = {"campaign": campaign, "full": FULL, **asdict(self)}
         record["notes"] = self.notes[:20]
         line = json.dumps(record)
@@ -140,7 +141,7 @@ class Tally:
         if log:
             with open(log, "a", encoding="utf-8") as f:
                 f.write(line + "\n")
-        return line
+        return f"\nFAULTS {campaign}: {line}"
 
 
 class World:
