@@ -1,23 +1,32 @@
-"""Time to first token through LMCacheCoreConnector on vLLM (CPU), against baselines
-measured in the same engine run.
+"""LMCacheCoreConnector on vLLM (CPU): what a hit costs, what a miss costs, and how fast
+the worker loads from disk -- each against a baseline measured in the same run.
 
-For each of ``--prompts`` prompts of ``--tokens`` tokens (a multiple of the chunk size
-plus one, so a hit leaves exactly one token to compute):
+Scenarios (``--scenario``, default all), on the demo's model (8-layer float32 Llama):
 
-* ``cold``: the first run (full prefill; its chunks are stored);
-* ``vllm prefix cache``: the same prompt again, served by vLLM's own prefix cache (the
-  best case a connector hit can approach);
-* ``connector``: again after ``reset_prefix_cache()``: loaded by the connector from its
-  one tier (``--tier cpu`` or ``--tier disk``).
+* ``hit``: time to first token of a prompt whose KV is in the connector's CPU tier,
+  against vLLM's own prefix-cache hit on the same prompt, in interleaved pairs (vLLM hit,
+  ``reset_prefix_cache()``, connector hit); median of the per-pair ratios, their spread,
+  and the A/A spread of vLLM's hit against itself. Target: <= 1.2x.
+* ``disk``: one request loading N chunks from a disk-only tier on an idle in-process
+  engine, page cache dropped for the tier's files (``posix_fadvise``): bytes / (first
+  read issued -> ``get_finished`` reported), from the worker's statistics; against the
+  disk backend's own ``batched_get_into`` of the same N chunks, same batch and
+  concurrency, page cache dropped, interleaved. Target: >= 0.7x.
+* ``miss``: the connector's cost when nothing hits (CPU + disk tiers, saves included):
+  two engine processes, with and without the connector, alive together and measured
+  alternately in random order: TTFT of unique prompts and the wall time of a 20-request
+  batch of unique prompts; ratios of medians, and the A/A spread (the engine without the
+  connector, later half of its samples against the first half). Target: <= 1.05x.
 
-Prints medians and the ratios ``connector / vllm prefix cache`` and ``cold / connector``.
-Run: ``.venv/bin/python benchmarks/bench_vllm.py`` (about two minutes; the engine runs in a
-child process). ``--omp-passive`` sets ``OMP_WAIT_POLICY=PASSIVE`` for the engine.
+Run: ``.venv/bin/python benchmarks/bench_vllm.py`` (about 6 minutes here; engines run in
+child processes). ``--scenario hit --tier disk`` measures a disk-tier hit instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import itertools
 import json
 import os
 import random
@@ -33,66 +42,418 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
 
-def _child(args: argparse.Namespace) -> None:
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+# ---------------------------------------------------------------------------- children
+def _llm(spec: dict[str, Any]) -> Any:
+    from vllm import LLM
 
-    spec = json.loads(Path(args.spec).read_text())
-    llm = LLM(
+    kw: dict[str, Any] = {}
+    if spec.get("ktc"):
+        kw["kv_transfer_config"] = spec["ktc"]
+    return LLM(
         model=spec["model"],
         dtype="float32",
         max_model_len=8192,
         enforce_eager=True,
         seed=0,
         disable_log_stats=False,
-        kv_transfer_config=spec["ktc"],
+        enable_prefix_caching=spec.get("prefix_caching", True),
+        **kw,
     )
-    sp = SamplingParams(max_tokens=1, temperature=0.0)
-    rng = random.Random(7)
-    prompts = [
-        [rng.randrange(4, spec["vocab"]) for _ in range(spec["tokens"])]
-        for _ in range(spec["prompts"])
-    ]
-    llm.generate([TokensPrompt(prompt_token_ids=list(range(4, 300)))], sp, use_tqdm=False)
 
-    def ttft(p: list[int]) -> tuple[float, int]:
-        out = llm.generate([TokensPrompt(prompt_token_ids=p)], sp, use_tqdm=False)[0]
-        m = getattr(out, "metrics", None)
-        return float(getattr(m, "first_token_latency", 0.0)), int(out.num_cached_tokens)
 
-    rows: dict[str, list[tuple[float, int]]] = {"cold": [], "vllm": [], "connector": []}
-    for p in prompts:
-        rows["cold"].append(ttft(p))
-        for _ in range(spec["repeats"]):
-            rows["vllm"].append(ttft(p))
-        for _ in range(spec["repeats"]):
+def _prompts(spec: dict[str, Any], n: int, tokens: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(4, spec["vocab"]) for _ in range(tokens)] for _ in range(n)]
+
+
+def _ttft(llm: Any, p: list[int], max_tokens: int = 1) -> tuple[float, int]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    out = llm.generate([TokensPrompt(prompt_token_ids=p)], sp, use_tqdm=False)[0]
+    m = getattr(out, "metrics", None)
+    return float(getattr(m, "first_token_latency", 0.0)), int(out.num_cached_tokens)
+
+
+def _child_hit(spec: dict[str, Any]) -> dict[str, Any]:
+    llm = _llm(spec)
+    _ttft(llm, list(range(4, 300)))
+    rows: dict[str, list[Any]] = {"cold": [], "vllm": [], "connector": [], "vllm_aa": []}
+    for p in _prompts(spec, spec["prompts"], spec["tokens"], 7):
+        rows["cold"].append(_ttft(llm, p))
+        for _ in range(spec["pairs"]):
+            rows["vllm"].append(_ttft(llm, p))
+            rows["vllm_aa"].append(_ttft(llm, p))
             llm.reset_prefix_cache()
-            rows["connector"].append(ttft(p))
-    Path(args.out).write_text(json.dumps(rows))
+            rows["connector"].append(_ttft(llm, p))
     llm.llm_engine.engine_core.shutdown()
+    return rows
+
+
+def _drop_page_cache(root: str) -> int:
+    """Evict the tier's files from the page cache (only them: the machine is shared)."""
+    n = 0
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            try:
+                fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                n += 1
+            finally:
+                os.close(fd)
+    return n
+
+
+def _child_disk(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from lmcache_backend_disk.backend import DiskBackend
+
+    from lmcache_core import SyncBackend
+    from lmcache_core.integrations.vllm.stats_file import read_stats
+    from lmcache_core.keys import Namespace
+    from lmcache_core.token_db import ChunkedTokenDatabase
+
+    llm = _llm(spec)
+    (prompt,) = _prompts(spec, 1, spec["tokens"], 11)
+    _ttft(llm, prompt)  # cold: stores the chunks on disk
+    time.sleep(1.0)
+
+    def stats(role: str) -> dict[str, Any]:
+        (doc,) = [d for d in read_stats(spec["stats_dir"]) if d.get("role") == role]
+        return doc
+
+    ns = Namespace.from_json(json.dumps(stats("scheduler")["namespace"]))
+    db = ChunkedTokenDatabase(namespace=ns, dtype=ns.kv_dtype)
+    keys = db.keys(prompt[: (len(prompt) // ns.chunk_size) * ns.chunk_size])
+    backend = SyncBackend(DiskBackend({"path": spec["disk"]}, namespace=ns))
+    backend.start()
+    shape = backend.get(keys[0]).shape
+    outs = [torch.empty(shape, dtype=torch.float32) for _ in keys]
+    rows: dict[str, list[float]] = {"worker": [], "worker_reads": [], "backend": [], "single": []}
+    for _ in range(spec["reps"]):
+        llm.reset_prefix_cache()
+        _drop_page_cache(spec["disk"])
+        _, cached = _ttft(llm, prompt)
+        assert cached >= len(keys) * ns.chunk_size - 1, cached
+        nbytes, secs, reads = stats("worker")["async_load_throughput"][-1]
+        rows["worker"].append(nbytes / secs)
+        rows["worker_reads"].append(nbytes / reads)
+        # the same chunks read by the backend: one batched call (its own concurrency) ...
+        _drop_page_cache(spec["disk"])
+        t0 = time.perf_counter()
+        assert all(backend.batched_get_into(keys, outs))
+        rows["backend"].append(sum(o.numel() * 4 for o in outs) / (time.perf_counter() - t0))
+        # ... and one call per chunk, all in flight at once (as the worker issues them)
+        _drop_page_cache(spec["disk"])
+
+        async def each() -> list[bool]:
+            inner = backend.backend
+            return list(
+                await asyncio.gather(
+                    *(inner.get_into(k, o) for k, o in zip(keys, outs, strict=True))
+                )
+            )
+
+        t0 = time.perf_counter()
+        assert all(backend.io.run(each()))
+        rows["single"].append(sum(o.numel() * 4 for o in outs) / (time.perf_counter() - t0))
+    backend.close()
+    llm.llm_engine.engine_core.shutdown()
+    return {**rows, "chunks": len(keys), "chunk_bytes": outs[0].numel() * 4}
+
+
+def _child_serve(spec: dict[str, Any], out_prefix: str) -> None:
+    """An engine that runs the miss measurements the parent asks for, one per line of
+    stdin (``ttft SEED`` or ``batch SEED``), answering ``DONE n`` on stdout once the
+    result is in ``<out_prefix>.<n>.json``."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = _llm(spec)
+    _ttft(llm, list(range(4, 300)))
+    sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    print("READY", flush=True)
+    for n, line in enumerate(sys.stdin):
+        what, seed = line.split()
+        if what == "ttft":
+            (p,) = _prompts(spec, 1, spec["tokens"], int(seed))
+            res: Any = _ttft(llm, p)[0]
+        elif what == "batch":
+            batch = [
+                TokensPrompt(prompt_token_ids=p)
+                for p in _prompts(spec, 20, spec["batch_tokens"], int(seed))
+            ]
+            t0 = time.perf_counter()
+            outs = llm.generate(batch, sp, use_tqdm=False)
+            res = time.perf_counter() - t0
+            assert all(o.num_cached_tokens == 0 for o in outs)
+        else:
+            break
+        Path(f"{out_prefix}.{n}.json").write_text(json.dumps(res))
+        print(f"DONE {n}", flush=True)
+    llm.llm_engine.engine_core.shutdown()
+
+
+# ---------------------------------------------------------------------------- parent
+def _env(in_process: bool) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+    return env
+
+
+def _run_child(kind: str, spec: dict[str, Any], tmp: Path, in_process: bool = False) -> Any:
+    spec_path, out_path = tmp / f"{kind}.spec.json", tmp / f"{kind}.out.json"
+    spec_path.write_text(json.dumps(spec))
+    rc = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            kind,
+            "--spec",
+            str(spec_path),
+            "--out",
+            str(out_path),
+        ],
+        env=_env(in_process),
+        capture_output=True,
+        text=True,
+    )
+    if rc.returncode != 0:
+        print(rc.stdout[-3000:], rc.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"{kind} child failed")
+    return json.loads(out_path.read_text())
+
+
+def _ktc(storage: dict[str, Any], stats: Path, **options: Any) -> dict[str, Any]:
+    return {
+        "kv_connector": "LMCacheCoreConnector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"config": storage, "stats_dir": str(stats), **options},
+    }
+
+
+def _spread(xs: list[float]) -> str:
+    return f"{min(xs):.2f}-{max(xs):.2f}x" if xs else "-"
+
+
+def scenario_hit(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> None:
+    tier: dict[str, Any] = (
+        {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "2GiB"}}
+        if args.tier == "cpu"
+        else {"name": "disk", "backend": "disk", "options": {"path": str(tmp / "kv-hit")}}
+    )
+    storage = {"chunk_size": args.chunk_size, "tiers": [tier]}
+    spec = {
+        **base,
+        "ktc": _ktc(storage, tmp / "stats-hit"),
+        "tokens": args.tokens,
+        "prompts": args.prompts,
+        "pairs": args.pairs,
+    }
+    rows = _run_child("hit", spec, tmp)
+    ratios = [c[0] / v[0] for c, v in zip(rows["connector"], rows["vllm"], strict=True)]
+    aa = [a[0] / v[0] for a, v in zip(rows["vllm_aa"], rows["vllm"], strict=True)]
+    med = {k: statistics.median(t for t, _ in v) for k, v in rows.items()}
+    print(
+        f"hit: {args.prompts} prompts x {args.tokens} tokens, {args.pairs} interleaved pairs "
+        f"each, {args.tier} tier"
+    )
+    for label, key in (
+        ("cold prefill", "cold"),
+        ("vLLM prefix-cache hit", "vllm"),
+        ("connector hit", "connector"),
+    ):
+        cached = sorted({c for _, c in rows[key]})
+        print(f"  {label:<22} TTFT median {med[key] * 1e3:8.1f} ms   cached tokens {cached}")
+    print(
+        f"  connector / vLLM hit, median of pair ratios: {statistics.median(ratios):.2f}x "
+        f"(pairs {_spread(ratios)}; A/A vLLM/vLLM {statistics.median(aa):.2f}x, {_spread(aa)})"
+    )
+    print(f"  cold / connector: {med['cold'] / med['connector']:.1f}x")
+
+
+def scenario_disk(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> None:
+    disk = tmp / "kv-disk"
+    storage = {
+        "chunk_size": args.chunk_size,
+        "tiers": [{"name": "disk", "backend": "disk", "options": {"path": str(disk)}}],
+    }
+    stats = tmp / "stats-disk"
+    spec = {
+        **base,
+        # (this scenario measures loads: a lookup slowed by a busy machine must not miss)
+        "ktc": _ktc(storage, stats, lookup_deadline_ms=2000),
+        "prefix_caching": True,
+        "tokens": args.disk_chunks * args.chunk_size + 1,
+        "reps": args.disk_reps,
+        "disk": str(disk),
+        "stats_dir": str(stats),
+    }
+    rows = _run_child("disk", spec, tmp, in_process=args.disk_in_process)
+    w = statistics.median(rows["worker"]) / 1e9
+    b = statistics.median(rows["backend"]) / 1e9
+    ratios = [x / y for x, y in zip(rows["worker"], rows["backend"], strict=True)]
+    reads = statistics.median(rows["worker_reads"]) / 1e9
+    single = statistics.median(rows["single"]) / 1e9
+    print(
+        f"disk: one request loading {rows['chunks']} chunks of "
+        f"{rows['chunk_bytes'] / 2**20:.1f} MiB, page cache dropped, {args.disk_reps} "
+        "interleaved repetitions"
+    )
+    mode = "in-process engine" if args.disk_in_process else "worker in its own process"
+    print(f"  ({mode})")
+    print(f"  worker, first read -> get_finished:  {w:.2f} GB/s (median)")
+    print(f"  worker, first read -> last chunk in: {reads:.2f} GB/s (median)")
+    print(f"  disk backend, one batched_get_into:  {b:.2f} GB/s (median)")
+    print(f"  disk backend, one get_into per chunk, all at once: {single:.2f} GB/s (median)")
+    print(f"  worker / backend batched: {w / b:.2f}x (per repetition {_spread(ratios)})")
+
+
+class _Server:
+    """A child engine process taking miss measurements on request (see _child_serve)."""
+
+    def __init__(self, name: str, spec: dict[str, Any], tmp: Path) -> None:
+        spec_path = tmp / f"serve-{name}.spec.json"
+        spec_path.write_text(json.dumps(spec))
+        self.out = str(tmp / f"serve-{name}")
+        self.log = open(tmp / f"serve-{name}.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                "serve",
+                "--spec",
+                str(spec_path),
+                "--out",
+                self.out,
+            ],
+            env={**_env(True), "VLLM_CPU_KVCACHE_SPACE": "2"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+        )
+        self.n = 0
+        self._wait("READY")
+
+    def _wait(self, marker: str) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.strip() == marker:
+                return
+        raise SystemExit(f"engine child exited; see {self.log.name}")
+
+    def ask(self, what: str, seed: int) -> float:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{what} {seed}\n")
+        self.proc.stdin.flush()
+        self._wait(f"DONE {self.n}")
+        res = float(json.loads(Path(f"{self.out}.{self.n}.json").read_text()))
+        self.n += 1
+        return res
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=120)
+        self.log.close()
+
+
+def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> None:
+    tiers: list[dict[str, Any]] = [
+        {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "2GiB"}}
+    ]
+    if args.miss_tiers == "cpu+disk":
+        tiers.append({"name": "disk", "backend": "disk", "options": {"path": str(tmp / "kv-miss")}})
+    storage = {"chunk_size": args.chunk_size, "tiers": tiers}
+    common = {**base, "tokens": args.miss_tokens, "batch_tokens": args.batch_tokens}
+    servers = {
+        "none": _Server("none", {**common, "ktc": None}, tmp),
+        "connector": _Server(
+            "connector", {**common, "ktc": _ktc(storage, tmp / "stats-miss")}, tmp
+        ),
+    }
+    rng = random.Random(3)
+    samples: dict[str, dict[str, list[float]]] = {k: {"ttft": [], "batch": []} for k in servers}
+    try:
+        for rep in range(args.miss_reps):
+            order = list(servers)
+            rng.shuffle(order)
+            for what in ("ttft", "batch"):
+                for name in order:
+                    time.sleep(0.5)  # let the other engine's threads go idle
+                    seed = (
+                        1000 * rep + (0 if name == "none" else 500) + (7 if what == "batch" else 0)
+                    )
+                    samples[name][what].append(servers[name].ask(what, seed))
+    finally:
+        for srv in servers.values():
+            srv.close()
+
+    def med(xs: list[float]) -> float:
+        return statistics.median(xs)
+
+    print(
+        f"miss ({args.miss_tiers} tiers): two engine processes, with and without the "
+        f"connector, measured alternately ({args.miss_reps} rounds, random order): TTFT of "
+        f"one unique {args.miss_tokens}-token prompt, wall time of 20 unique "
+        f"{args.batch_tokens}-token prompts"
+    )
+    for what, unit, scale in (("ttft", "ms", 1e3), ("batch", "s", 1.0)):
+        none, conn = samples["none"][what], samples["connector"][what]
+        ratios = [c / n for c, n in zip(conn, none, strict=True)]
+        aa = [y / x for x, y in itertools.pairwise(none)]
+        print(
+            f"  {what:<5} median: none {med(none) * scale:.1f} {unit}, connector "
+            f"{med(conn) * scale:.1f} {unit}; connector / none per round: median "
+            f"{med(ratios):.3f}x ({_spread(ratios)}); A/A none / none, consecutive rounds: "
+            f"median {med(aa):.3f}x ({_spread(aa)})"
+        )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    ap.add_argument("--scenario", choices=("all", "hit", "disk", "miss"), default="all")
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=2049)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--pairs", type=int, default=7)
     ap.add_argument("--chunk-size", type=int, default=256)
+    ap.add_argument("--tier", choices=("cpu", "disk"), default="cpu", help="hit scenario's tier")
+    ap.add_argument("--disk-chunks", type=int, default=16)
+    ap.add_argument("--disk-reps", type=int, default=5)
     ap.add_argument(
-        "--tier",
-        choices=("cpu", "disk"),
-        default="cpu",
-        help="the one tier the connector stores into",
+        "--disk-in-process",
+        action="store_true",
+        help="disk scenario: scheduler and worker in the driver process",
     )
-    ap.add_argument("--omp-passive", action="store_true")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--miss-tokens", type=int, default=1025)
+    ap.add_argument("--batch-tokens", type=int, default=513)
+    ap.add_argument("--miss-tiers", choices=("cpu", "cpu+disk"), default="cpu+disk")
+    ap.add_argument("--miss-reps", type=int, default=10)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        _child(args)
+        spec = json.loads(Path(args.spec).read_text())
+        if args.child == "serve":
+            _child_serve(spec, args.out)
+            return 0
+        fn = {"hit": _child_hit, "disk": _child_disk}[args.child]
+        Path(args.out).write_text(json.dumps(fn(spec)))
         return 0
 
     from demo import _model_spec
@@ -101,72 +462,17 @@ def main() -> int:
 
     spec_m = _model_spec()
     model = make_local_model(ROOT / ".models" / "demo-llama", spec_m)
-    with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
-        tier: dict[str, Any] = (
-            {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "2GiB"}}
-            if args.tier == "cpu"
-            else {"name": "disk", "backend": "disk", "options": {"path": f"{tmp}/kv"}}
-        )
-        storage: dict[str, Any] = {"chunk_size": args.chunk_size, "tiers": [tier]}
-        stats_dir = Path(tmp, "stats")
-        ktc = {
-            "kv_connector": "LMCacheCoreConnector",
-            "kv_role": "kv_both",
-            "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"config": storage, "stats_dir": str(stats_dir)},
-        }
-        spec = {
-            "model": str(model),
-            "ktc": ktc,
-            "vocab": spec_m.vocab_size,
-            "tokens": args.tokens,
-            "prompts": args.prompts,
-            "repeats": args.repeats,
-        }
-        spec_path, out_path = Path(tmp, "spec.json"), Path(tmp, "out.json")
-        spec_path.write_text(json.dumps(spec))
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
-        env.setdefault("HF_HUB_OFFLINE", "1")
-        if args.omp_passive:
-            env["OMP_WAIT_POLICY"] = "PASSIVE"
-        t0 = time.monotonic()
-        rc = subprocess.run(
-            [sys.executable, __file__, "--child", "--spec", str(spec_path), "--out", str(out_path)],
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        if rc.returncode != 0:
-            print(rc.stdout[-3000:], rc.stderr[-3000:], file=sys.stderr)
-            return 1
-        rows = json.loads(out_path.read_text())
-        from lmcache_core.integrations.vllm.stats_file import read_stats
-
-        workers = [d for d in read_stats(str(stats_dir)) if d.get("role") == "worker"]
-
-    med = {k: statistics.median(t for t, _ in v) for k, v in rows.items()}
-    cached = {k: sorted({c for _, c in v}) for k, v in rows.items()}
+    base = {"model": str(model), "vocab": spec_m.vocab_size}
     print(
-        f"vLLM CPU, {spec_m.num_hidden_layers}-layer float32 model, {args.prompts} prompts x "
-        f"{args.tokens} tokens, chunk {args.chunk_size}, OMP_WAIT_POLICY="
-        f"{'PASSIVE' if args.omp_passive else 'default'} ({time.monotonic() - t0:.0f} s)"
+        f"vLLM CPU, {spec_m.num_hidden_layers}-layer float32 model, chunk {args.chunk_size} tokens"
     )
-    for label, key in (
-        ("cold prefill", "cold"),
-        ("vllm prefix cache", "vllm"),
-        (f"connector ({args.tier} tier)", "connector"),
-    ):
-        print(f"  {label:<22} TTFT median {med[key] * 1e3:8.1f} ms   cached tokens {cached[key]}")
-    print(f"  connector / vllm prefix cache: {med['connector'] / med['vllm']:.2f}x")
-    print(f"  cold / connector:              {med['cold'] / med['connector']:.1f}x")
-    if workers:
-        w = workers[0]
-        print(
-            f"  worker load breakdown (s): {w.get('load_breakdown_seconds')}, "
-            f"loaded {w.get('loaded_bytes', 0) / 2**20:.0f} MiB"
-        )
+    with tempfile.TemporaryDirectory(prefix="bench-vllm-", dir=str(ROOT / ".models")) as t:
+        tmp = Path(t)
+        for name, fn in (("hit", scenario_hit), ("disk", scenario_disk), ("miss", scenario_miss)):
+            if args.scenario in ("all", name):
+                t0 = time.monotonic()
+                fn(args, base, tmp)
+                print(f"  ({time.monotonic() - t0:.0f} s)", flush=True)
     return 0
 
 

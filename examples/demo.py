@@ -7,8 +7,8 @@
    document is a cold prefill, its chunks are stored (CPU tier, written through to disk).
 3. Pass 2 starts a **fresh engine process** on the same disk tier and sends the same
    workload: the documents now come from the disk tier instead of being recomputed.
-4. Prints time-to-first-token cold vs warm, hit tokens per tier and bytes loaded, and
-   checks that both passes produced the same tokens.
+4. Prints time-to-first-token cold vs warm, hit tokens, bytes and load GB/s per tier,
+   and checks that both passes produced the same tokens.
 
 With ``DEMO_REMOTE=s3`` (``DEMO_REMOTE=s3 make demo``) the demo also starts a local S3
 API server (moto's server mode, from ``lmcache-backend-s3``), adds an ``s3`` tier on one
@@ -146,12 +146,18 @@ def _stats(directory: Path) -> dict[str, Any]:
     sched = [d for d in docs if d.get("role") == "scheduler"]
     workers = [d for d in docs if d.get("role") == "worker"]
     by_tier: dict[str, int] = {}
+    rate: dict[str, list[float]] = {}
     for w in workers:
         for tier, n in w.get("loaded_tokens_by_tier", {}).items():
             by_tier[tier] = by_tier.get(tier, 0) + int(n)
+        for tier, r in w.get("load_rate_by_tier", {}).items():
+            acc = rate.setdefault(tier, [0.0, 0.0])
+            acc[0] += float(r.get("bytes", 0))
+            acc[1] += float(r.get("seconds", 0))
     return {
         "hit_tokens": sum(int(d.get("hit_tokens", 0)) for d in sched),
         "by_tier": by_tier,
+        "rate": rate,
         "loaded_bytes": sum(int(w.get("loaded_bytes", 0)) for w in workers),
         "load_seconds": sum(float(w.get("load_seconds", 0)) for w in workers),
         "saved_chunks": sum(int(w.get("saved_chunks", 0)) for w in workers),
@@ -168,6 +174,14 @@ def _fmt_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+def _gbps(acc: list[float] | None) -> str:
+    """``bytes / seconds`` of the loads from one tier (see the worker's load_rate_by_tier:
+    before the forward pass, read + scatter; in the background, first read to done)."""
+    if not acc or acc[1] <= 0:
+        return "-"
+    return f"{acc[0] / acc[1] / 1e9:.2f} ({_fmt_bytes(acc[0])} in {acc[1] * 1e3:.0f} ms)"
 
 
 def _median(xs: list[float]) -> float:
@@ -391,11 +405,13 @@ def _report(
     )
     rows.append(
         (
-            "time spent loading (worker)",
+            "time spent loading before forward passes",
             f"{s1['load_seconds'] * 1e3:.0f} ms",
             f"{s2['load_seconds'] * 1e3:.0f} ms",
         )
     )
+    for t in tiers:
+        rows.append((f"load GB/s, tier {t!r}", _gbps(s1["rate"].get(t)), _gbps(s2["rate"].get(t))))
     rows.append(
         (
             "chunks stored (bytes)",

@@ -29,6 +29,9 @@ suite runs against it unchanged). Tiers come from the configuration
   background stores, tier by tier from the top (a tier's stores can evict into the next),
   cancels what is left (counted as dropped with reason ``closed``), then closes the tiers.
   :meth:`~TieredHierarchy.flush` waits for pending stores without closing.
+* **Eviction events.** :meth:`~TieredHierarchy.add_eviction_listener` subscribes any
+  number of listeners to capacity evictions in every tier that reports them (``cpu``
+  does); write-back is one more consumer of the same event.
 * **Statistics.** :meth:`~TieredHierarchy.stats` includes, per tier, hits, misses, bytes
   in/out, load/lookup/store latency percentiles, queue depth, dropped stores and errors;
   with ``stats_dir`` set they are also written to ``<stats_dir>/<pid>.json`` every
@@ -45,7 +48,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +64,10 @@ from .tiering.leases import LeaseTable
 from .tiering.staging import CopyBudget, StagedChunk, StagingPool
 from .tiering.tier import Tier
 
-__all__ = ["PrefixLookup", "TieredHierarchy"]
+__all__ = ["EvictionListener", "PrefixLookup", "TieredHierarchy"]
+
+#: ``listener(tier_name, key)``: called after ``key`` was evicted from that tier for capacity.
+EvictionListener = Callable[[str, CacheEngineKey], None]
 
 log = logging.getLogger("lmcache_core.hierarchy")
 
@@ -200,6 +206,7 @@ class TieredHierarchy(BaseBackend):
         self._fast_lock = threading.Lock()
         self._fast_hits = 0
         self._fast_bytes = 0
+        self._eviction_listeners: list[EvictionListener] = []
         self._fast_stats = _FastPathStats(len(self.tiers))
 
     @classmethod
@@ -242,9 +249,11 @@ class TieredHierarchy(BaseBackend):
             for t in started:
                 await t.close(0.0)
             raise
-        for upper, lower in zip(self.tiers, self.tiers[1:], strict=False):
-            if lower.policy == "back":
-                upper.backend.set_eviction_listener(self._make_write_back(lower))
+        for i, t in enumerate(self.tiers):
+            below = self.tiers[i + 1] if i + 1 < len(self.tiers) else None
+            write_back = below if below is not None and below.policy == "back" else None
+            if callable(getattr(t.backend, "set_eviction_listener", None)):
+                t.backend.set_eviction_listener(self._make_eviction_event(t, write_back))
         if self.config.stats_dir is not None:
             self._stats_writer = StatsFileWriter(
                 self.config.stats_dir, self.config.stats_interval_s, self._stats_document
@@ -529,6 +538,36 @@ class TieredHierarchy(BaseBackend):
                 t.enqueue(key, chunk, "through")
             chunk.release()
         return stored
+
+    def add_eviction_listener(self, listener: EvictionListener) -> Callable[[], None]:
+        """Call ``listener(tier_name, key)`` after each capacity eviction in any tier that
+        reports evictions; returns a function that unsubscribes it.
+
+        Listeners run in the thread that evicted (usually the IO loop's), must be quick
+        and never raise (an exception is logged and ignored); they get no tensor."""
+        self._eviction_listeners.append(listener)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._eviction_listeners.remove(listener)
+
+        return remove
+
+    def _make_eviction_event(self, tier: Tier, write_back: Tier | None) -> Any:
+        """The one eviction listener installed on ``tier``'s backend: fans the event out to
+        every subscriber, then hands the value to write-back (which may take it)."""
+        back = self._make_write_back(write_back) if write_back is not None else None
+        name = tier.name
+
+        def on_evict(key: CacheEngineKey, value: torch.Tensor) -> bool:
+            for listener in tuple(self._eviction_listeners):
+                try:
+                    listener(name, key)
+                except Exception:  # a subscriber must never break eviction
+                    log.exception("eviction listener failed for %s", key)
+            return bool(back(key, value)) if back is not None else False
+
+        return on_evict
 
     def _make_write_back(self, target: Tier) -> Any:
         """The eviction listener of the tier above ``target`` (its tensor is only valid

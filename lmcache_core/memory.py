@@ -16,7 +16,7 @@ import ctypes
 
 import torch
 
-__all__ = ["as_bytes", "copy_into"]
+__all__ = ["as_bytes", "copy_into", "pinned_available", "staging_empty"]
 
 _memmove = ctypes.memmove
 
@@ -46,3 +46,19 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
             _memmove(dst.data_ptr(), src.data_ptr(), n)
         return
     as_bytes(dst).copy_(as_bytes(src), non_blocking=False)
+
+
+def pinned_available() -> bool:
+    """Whether page-locked host memory can be allocated (CUDA present; CPU-only torch
+    raises on ``pin_memory=True``)."""
+    return bool(torch.cuda.is_available())
+
+
+def staging_empty(
+    shape: tuple[int, ...], dtype: torch.dtype, pin: bool | None = None
+) -> torch.Tensor:
+    """A host staging buffer: page-locked when ``pin`` (default: when CUDA is available),
+    so device copies from and into it can run asynchronously on a side stream."""
+    if pin is None:
+        pin = pinned_available()
+    return torch.empty(shape, dtype=dtype, pin_memory=pin)

@@ -99,6 +99,8 @@ def engine_env(*, multiprocessing: bool, tp: int = 1) -> dict[str, str]:
         TRANSFORMERS_OFFLINE="1",
         VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocessing else "0",
         TOKENIZERS_PARALLELISM="false",
+        # the test backends (kv_test_backends) must import in every engine process
+        PYTHONPATH=os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p),
     )
     return env
 

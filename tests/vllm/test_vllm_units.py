@@ -212,16 +212,28 @@ def test_stored_index_masks_and_lru() -> None:
 def test_worker_reports_aggregate_over_ranks() -> None:
     from lmcache_core.integrations.vllm.metadata import WorkerReport
 
-    a = WorkerReport(stored={0: [1, 2]}, failed_loads={"r": 3})
-    b = WorkerReport(stored={1: [1]}, missing={1: [2]}, failed_loads={"r": 1}, disabled={1: "x"})
+    a = WorkerReport(step=3, stored={0: [1, 2]}, failed_loads={"r": 3}, async_failed={"q": [2]})
+    b = WorkerReport(
+        step=3,
+        stored={1: [1]},
+        missing={1: [2]},
+        failed_loads={"r": 1},
+        async_failed={"q": [0, 2]},
+        dropped_saves={"s": 4},
+        disabled={1: "x"},
+    )
     m = a.aggregate(b)
     assert isinstance(m, WorkerReport)
-    assert m.stored == {0: [1, 2], 1: [1]} and m.missing == {1: [2]}
+    assert m.step == 3 and m.stored == {0: [1, 2], 1: [1]} and m.missing == {1: [2]}
     assert m.failed_loads == {"r": 1} and m.disabled == {1: "x"}
+    assert m.async_failed == {"q": [0, 2]} and m.dropped_saves == {"s": 4}
     assert a.stored == {0: [1, 2]}  # inputs untouched
+    assert WorkerReport().is_empty() and not WorkerReport(step=0).is_empty()
 
 
-def _scheduler(chunk: int = 128, block: int = 32, world_size: int = 1) -> Any:
+def _scheduler(
+    chunk: int = 128, block: int = 32, world_size: int = 1, policy: str = "recompute"
+) -> Any:
     from lmcache_core.integrations.vllm.context import ConnectorContext
     from lmcache_core.integrations.vllm.layout import LayoutInfo
     from lmcache_core.integrations.vllm.scheduler_side import SchedulerSide
@@ -234,7 +246,7 @@ def _scheduler(chunk: int = 128, block: int = 32, world_size: int = 1) -> Any:
         settings=settings,
         storage_config=load_storage_config(settings.storage),
         world_size=world_size,
-        failure_policy="recompute",
+        failure_policy=policy,
         layout=LayoutInfo("cpu", "LBHNC", block, 2, 32, 32, "float32", "auto", ("l0",)),
         namespace=ns,
         db=ChunkedTokenDatabase(namespace=ns, world_size=world_size),
@@ -243,19 +255,27 @@ def _scheduler(chunk: int = 128, block: int = 32, world_size: int = 1) -> Any:
     return SchedulerSide(ctx)
 
 
+def _blocks(ids: list[int]) -> Any:
+    """Stand-in for vLLM's KVCacheBlocks (the connector only reads the block ids)."""
+    return SimpleNamespace(get_block_ids=lambda: (list(ids),))
+
+
 def _output(req_id: str, computed: int, scheduled: int, blocks: list[int]) -> Any:
     new = SimpleNamespace(req_id=req_id, num_computed_tokens=computed, block_ids=(blocks,))
-    cached = SimpleNamespace(req_ids=[], num_computed_tokens=[])
+    cached = SimpleNamespace(
+        req_ids=[], num_computed_tokens=[], new_block_ids=[], resumed_req_ids=set()
+    )
     state = SimpleNamespace(get_block_ids=lambda rid: (blocks,) if rid == req_id else None)
     return SimpleNamespace(
         scheduled_new_reqs=[new],
         scheduled_cached_reqs=cached,
         num_scheduled_tokens={req_id: scheduled},
         kv_connector_block_state=state,
+        preempted_req_ids=set(),
     )
 
 
-def test_plan_partial_local_hit_then_saves() -> None:
+def test_plan_partial_local_hit_then_saves_and_a_failed_load() -> None:
     from lmcache_core.integrations.vllm.metadata import WorkerReport
 
     sched = _scheduler()
@@ -263,24 +283,38 @@ def test_plan_partial_local_hit_then_saves() -> None:
     req = _request(toks)
     hashes = sched.keyer.keys(req).hashes
     sched.update_connector_output(
-        SimpleNamespace(kv_connector_worker_meta=WorkerReport(stored={0: list(hashes[:2])}))
+        SimpleNamespace(kv_connector_worker_meta=WorkerReport(step=0, stored={0: list(hashes[:2])}))
     )
-    # vLLM's own prefix cache holds 2 blocks (64 tokens); 2 chunks (256) are stored.
+    # vLLM's own prefix cache holds 2 blocks (64 tokens); 2 chunks (256) are in memory.
     n, is_async = sched.get_num_new_matched_tokens(req, 64)
     assert (n, is_async) == (256 - 64, False)
-    sched.update_state_after_alloc(req, n)
     blocks = list(range(100, 113))
+    sched.update_state_after_alloc(req, _blocks(blocks), n)
     meta = sched.build_meta(_output("r", 256, 144, blocks))
     loads = [(ld.chunk_index, ld.skip, ld.block_ids) for ld in meta.loads]
     assert loads == [(0, 2, [102, 103]), (1, 0, [104, 105, 106, 107])]
-    # The rest of the prompt is computed this step: chunk 2 is saved, not the 16-token tail.
+    # The rest of the prompt is computed this step: chunk 2 is saved, not the 16-token
+    # tail; its computation read the blocks loaded this step, whose outcome is unknown.
     assert [(sv.chunk_index, sv.block_ids) for sv in meta.saves] == [(2, [108, 109, 110, 111])]
-    # A load failure reported back makes the scheduler save the chunk again later.
+    assert sorted(meta.saves[0].reads) == list(range(102, 108))
+    # Chunk 1 failed to load: everything computed over it is poisoned, the save
+    # progress goes back to chunk 1, and nothing is saved until it is recomputed.
     sched.update_connector_output(
-        SimpleNamespace(kv_connector_worker_meta=WorkerReport(failed_loads={"r": 1}))
+        SimpleNamespace(
+            kv_connector_worker_meta=WorkerReport(
+                step=meta.step, failed_loads={"r": 1}, missing={0: [hashes[1]]}
+            ),
+            invalid_block_ids={104, 105, 106, 107},
+        )
     )
+    assert sched.taint.poisoned.keys() >= {104, 108, 111}
+    # vLLM recomputes from block 4 (token 128) to the end: the rewrite cleans the
+    # blocks, so chunks 1 and 2 are saved again, from clean data.
     again = sched.build_meta(_output("r", 128, 272, blocks))
+    assert again.acked == meta.step
     assert [sv.chunk_index for sv in again.saves] == [1, 2]
+    assert all(sv.reads == [] for sv in again.saves)
+    assert list(sched.taint.poisoned.items()) == [(112, 16)]  # the 16-token tail, rewritten
 
 
 def test_full_hit_leaves_the_last_token_and_needs_every_rank() -> None:
@@ -289,21 +323,21 @@ def test_full_hit_leaves_the_last_token_and_needs_every_rank() -> None:
     sched = _scheduler(world_size=2)
     req = _request(list(range(4, 4 + 256)))
     hashes = list(sched.keyer.keys(req).hashes)
-    report = WorkerReport(stored={0: hashes})
+    report = WorkerReport(step=0, stored={0: hashes})
     sched.update_connector_output(SimpleNamespace(kv_connector_worker_meta=report))
     assert sched.get_num_new_matched_tokens(req, 0) == (0, False)  # rank 1 has nothing
     sched.update_connector_output(
-        SimpleNamespace(kv_connector_worker_meta=WorkerReport(stored={1: hashes}))
+        SimpleNamespace(kv_connector_worker_meta=WorkerReport(step=0, stored={1: hashes}))
     )
     assert sched.get_num_new_matched_tokens(req, 0) == (255, False)
-    sched.update_state_after_alloc(req, 255)
+    sched.update_state_after_alloc(req, _blocks(list(range(8))), 255)
     meta = sched.build_meta(_output("r", 255, 1, list(range(8))))
     assert [(ld.chunk_index, ld.block_ids) for ld in meta.loads] == [
         (0, [0, 1, 2, 3]),
         (1, [4, 5, 6, 7]),
     ]
     assert meta.saves == []  # already stored
-    sched.request_finished(req)
+    assert sched.request_finished(req, list(range(8))) is False
     assert sched.stats()["active_requests"] == 0
 
 
@@ -314,6 +348,7 @@ def test_saves_of_one_chunk_are_deduplicated_within_a_step() -> None:
     for r in (a, b):
         assert sched.get_num_new_matched_tokens(r, 0) == (0, False)
     out = _output("r", 0, 130, list(range(5)))
+    out.kv_connector_block_state = None
     out.scheduled_new_reqs.append(
         SimpleNamespace(req_id="s", num_computed_tokens=0, block_ids=([9, 8, 7, 6, 5],))
     )
@@ -368,13 +403,22 @@ def test_keys_from_vllm_block_hashes() -> None:
 
 
 def test_a_failing_shared_tier_lookup_is_a_miss() -> None:
+    import concurrent.futures
+
+    from lmcache_core.integrations.vllm.lookups import ViewLookups
+
     sched = _scheduler()
 
     class Broken:
-        def lookup(self, keys: Any) -> Any:
-            raise TimeoutError("tier hung")
+        def lookup_ranks(self, keys: Any, lease_s: Any) -> Any:
+            fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            fut.set_exception(TimeoutError("tier hung"))
+            return fut
 
-    sched.view = Broken()
+        def release_soon(self, keys: Any) -> None:
+            pass
+
+    sched.lookups = ViewLookups(Broken(), deadline_s=1.0, lease_s=10.0, reuse_s=5.0)  # type: ignore[arg-type]
     req = _request(list(range(4, 4 + 300)))
     assert sched.get_num_new_matched_tokens(req, 0) == (0, False)
     assert sched.stats()["lookup_errors"] == 1

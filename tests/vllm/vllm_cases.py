@@ -31,6 +31,19 @@ LOCAL_EXT_HEAD = LOCAL_EXT[:128] + toks(10, 60)
 CPU_REUSE = toks(11, 192)
 EVICT = toks(12, 192)
 FILLERS = [toks(20 + i, 192) for i in range(4)]
+# failure isolation, multi-turn and preemption (test_vllm_isolation_e2e.py)
+ISO_A = toks(30, 256)  # a 4-chunk shared prefix
+ISO_X = toks(31, 130)
+ISO_Y = toks(32, 130)
+ISO_Z = toks(35, 20)
+TURN1 = toks(33, 170)
+TURN2_NEW = toks(34, 20)
+PREEMPT = [toks(40 + i, 400) for i in range(4)]
+# stale index (test_vllm_stale_e2e.py): 10 prompts of 2 chunks
+STALE = [toks(60 + i, 138) for i in range(10)]
+# slow tier (test_vllm_slow_e2e.py)
+SLOW = [toks(80 + i, 266) for i in range(5)]
+DECODER = toks(90, 40)
 
 #: Every prompt whose greedy continuation the tests compare (the fixture checks margins).
 COMPARED = [
@@ -46,6 +59,9 @@ COMPARED = [
     LOCAL_EXT_HEAD,
     CPU_REUSE,
     EVICT,
+    ISO_A + ISO_X,
+    ISO_A + ISO_Y,
+    *SLOW,
 ]
 
 

@@ -7,9 +7,11 @@ scheduler side (:mod:`.scheduler_side`) in the engine-core process and one worke
 (:mod:`.worker_side`) per tensor-parallel rank in the worker processes. See
 ``docs/vllm.md``.
 
-Loads are synchronous (done in ``start_load_kv`` before the forward pass) and saves too
-(``wait_for_save`` after it), so a request never waits for the connector between steps
-and ``get_finished`` has nothing to report.
+Hits in a worker's memory tier load in ``start_load_kv`` before the forward pass; every
+other hit loads in the background (``load_async``, reported through ``get_finished``).
+Saves are gathered into bounded staging memory in ``wait_for_save`` and stored in the
+background; a finished request whose last saves are not gathered yet keeps its blocks
+(``request_finished`` returns ``True``) until ``get_finished`` reports it.
 """
 
 from __future__ import annotations
@@ -60,13 +62,6 @@ class LMCacheCoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
-            if ctx.failure_policy != "recompute":
-                log.error(
-                    "LMCacheCoreConnector: kv_load_failure_policy is %r, so a chunk that cannot "
-                    "be loaded (evicted, corrupted) fails its request; set "
-                    '"kv_load_failure_policy": "recompute" in --kv-transfer-config',
-                    ctx.failure_policy,
-                )
             self._scheduler = SchedulerSide(ctx)
         else:
             self._worker = WorkerSide(ctx, vllm_config, kv_cache_config)
@@ -88,13 +83,17 @@ class LMCacheCoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
         meta = self._get_connector_metadata()
         return meta if isinstance(meta, StepMetadata) else None
 
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        if self._worker is not None and isinstance(kv_connector_metadata, StepMetadata):
+            self._worker.handle_preemptions(kv_connector_metadata)
+
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._meta()
         if self._worker is not None and meta is not None:
             self._worker.start_load(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """Loads complete in :meth:`start_load_kv`, before the forward pass."""
+        """Loads before the forward pass complete in :meth:`start_load_kv`."""
         return
 
     def save_kv_layer(
@@ -113,7 +112,9 @@ class LMCacheCoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self._worker.save(meta)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        return None, None
+        if self._worker is None:
+            return None, None
+        return self._worker.get_finished(finished_req_ids)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_errors() if self._worker is not None else set()
@@ -134,11 +135,26 @@ class LMCacheCoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
         assert self._scheduler is not None
         return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
 
+    def get_external_cache_hit_sources(
+        self, request: Request, num_external_tokens: int
+    ) -> dict[Any, int]:
+        """Tokens loaded from the workers' memory tier count as ``host``, the rest (shared
+        tiers, loaded in the background) as ``disk``."""
+        from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+        if num_external_tokens <= 0 or self._scheduler is None:
+            return {}
+        return {CacheHitSource(self._scheduler.hit_source(request)): num_external_tokens}
+
+    def on_new_request(self, request: Request) -> None:
+        if self._scheduler is not None:
+            self._scheduler.on_new_request(request)
+
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         assert self._scheduler is not None
-        self._scheduler.update_state_after_alloc(request, num_external_tokens)
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self._scheduler is not None
@@ -151,9 +167,9 @@ class LMCacheCoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
-        if self._scheduler is not None:
-            self._scheduler.request_finished(request)
-        return False, None
+        if self._scheduler is None:
+            return False, None
+        return self._scheduler.request_finished(request, block_ids), None
 
     def get_kv_connector_stats(self) -> None:
         return None

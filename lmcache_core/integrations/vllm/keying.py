@@ -139,10 +139,15 @@ class RequestKeyer:
         return out
 
     # ------------------------------------------------------------------ hashes
-    def keys(self, request: Any) -> RequestKeys:
-        """The chunk hashes of ``request``'s prompt (full chunks only)."""
+    def keys(self, request: Any, num_tokens: int | None = None) -> RequestKeys:
+        """The chunk hashes of the first ``num_tokens`` tokens of ``request`` (default: its
+        prompt), full chunks only. Tokens past the prompt are the generated ones known
+        so far (a chunk completed while decoding continues the prompt's chain)."""
         n_prompt = int(request.num_prompt_tokens)
-        n_chunks = n_prompt // self.chunk_size
+        if num_tokens is None:
+            num_tokens = n_prompt
+        num_tokens = min(num_tokens, int(request.num_tokens))
+        n_chunks = num_tokens // self.chunk_size
         if n_chunks == 0:
             return RequestKeys(())
         if self.vllm_block_hashes:
@@ -150,13 +155,16 @@ class RequestKeyer:
         extra = self._extra_keys(request, n_chunks)
         if isinstance(extra, str):
             return self._refuse(extra)
-        tokens: Sequence[int]
-        if request.prompt_token_ids is not None:
-            tokens = request.prompt_token_ids
-        else:
-            tokens = [0] * n_prompt
         cut = n_chunks * self.chunk_size
-        hashes = tuple(k.chunk_hash for k in self.db.keys(tokens[:cut], extra_keys=extra))
+        tokens: Sequence[int]
+        if request.prompt_token_ids is not None and cut <= n_prompt:
+            tokens = request.prompt_token_ids[:cut]
+        elif request.prompt_token_ids is not None:
+            tokens = list(request.all_token_ids[:cut])
+        else:  # prompt given as embeddings (keyed by their digest): zeros stand for them
+            tokens = [0] * n_prompt + list(request.output_token_ids)
+            tokens = tokens[:cut]
+        hashes = tuple(k.chunk_hash for k in self.db.keys(tokens, extra_keys=extra))
         return RequestKeys(hashes)
 
     def _from_block_hashes(self, request: Any, n_chunks: int) -> RequestKeys:

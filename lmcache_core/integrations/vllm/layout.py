@@ -154,6 +154,16 @@ class BlockCopier:
     ``caches`` are the per-layer logical views in layer order; ``num_blocks`` is the
     manager's block count (a cache split into kernel blocks is regrouped so that one
     index is one manager block).
+
+    vLLM 0.32 places every layer of a cache group in one backing allocation, layer ``l``
+    at a constant ``layer_stride`` from layer ``l - 1`` (``vllm/v1/worker/utils.py``).
+    When the views show that, one strided view ``[layers, blocks, *block]`` covers them
+    all and a chunk is gathered or scattered with **one** indexed copy (:attr:`one_view`);
+    otherwise with one copy per layer.
+
+    On CUDA, :meth:`gather_to_host` and :meth:`scatter_from_host` run on a side stream
+    ordered after the compute stream and return an event; the host buffers should be
+    pinned (:func:`lmcache_core.memory.staging_empty`).
     """
 
     def __init__(self, caches: Sequence[torch.Tensor], num_blocks: int) -> None:
@@ -174,6 +184,13 @@ class BlockCopier:
         self.dtype = first.dtype
         self.device = first.device
         self._on_cpu = first.device.type == "cpu"
+        self.combined = _combined_view(views)
+        self._stream: Any = None
+
+    @property
+    def one_view(self) -> bool:
+        """Whether one copy moves a chunk's blocks of every layer."""
+        return self.combined is not None
 
     @property
     def block_nbytes(self) -> int:
@@ -191,32 +208,148 @@ class BlockCopier:
             raise IndexError(f"block ids {bad[:4]} out of range [0, {self.num_blocks})")
         return torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
 
+    # ------------------------------------------------------------------ synchronous
     def gather(self, block_ids: Sequence[int], out: torch.Tensor) -> None:
         """Copy blocks ``block_ids`` of every layer into ``out[:, :len(block_ids)]``."""
         n = len(block_ids)
         if n == 0:
             return
         idx = self._index(block_ids)
-        for layer, view in enumerate(self.views):
-            dst = out[layer, :n]
+        dst = out[:, :n]
+        if self.combined is not None:
             if self._on_cpu and dst.is_contiguous():
-                torch.index_select(view, 0, idx, out=dst)
+                torch.index_select(self.combined, 1, idx, out=dst)
             else:
-                dst.copy_(view.index_select(0, idx))
+                dst.copy_(self.combined.index_select(1, idx))
+            return
+        for layer, view in enumerate(self.views):
+            d = out[layer, :n]
+            if self._on_cpu and d.is_contiguous():
+                torch.index_select(view, 0, idx, out=d)
+            else:
+                d.copy_(view.index_select(0, idx))
 
     def scatter(self, src: torch.Tensor, block_ids: Sequence[int]) -> None:
         """Copy ``src[:, j]`` into block ``block_ids[j]`` of every layer."""
-        n = len(block_ids)
+        n = self._check_src(src, block_ids)
         if n == 0:
             return
-        if src.shape[0] != self.num_layers or src.shape[1] != n:
-            raise ValueError(f"source shape {tuple(src.shape)} does not match {n} blocks")
         idx = self._index(block_ids)
-        for layer, view in enumerate(self.views):
-            part = src[layer]
-            if not self._on_cpu:
-                part = part.to(self.device, non_blocking=True)
-            view.index_copy_(0, idx, part)
+        if not self._on_cpu:
+            src = src.to(self.device, non_blocking=True)
+        self._scatter(src, block_ids, idx)
+
+    def _scatter(self, src: torch.Tensor, block_ids: Sequence[int], idx: torch.Tensor) -> None:
+        combined = self.combined
+        if combined is None:
+            for layer, view in enumerate(self.views):
+                view.index_copy_(0, idx, src[layer])
+            return
+        # One copy per run of consecutive blocks, all layers at once (an indexed copy
+        # into a strided view measured 2x slower than these on CPU).
+        for j, b, k in _runs(block_ids):
+            combined[:, b : b + k].copy_(src[:, j : j + k])
+
+    def _check_src(self, src: torch.Tensor, block_ids: Sequence[int]) -> int:
+        n = len(block_ids)
+        if n and (src.shape[0] != self.num_layers or src.shape[1] != n):
+            raise ValueError(f"source shape {tuple(src.shape)} does not match {n} blocks")
+        return n
+
+    # ------------------------------------------------------------------ device copies
+    def _side_stream(self) -> Any:
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
+        return self._stream
+
+    def gather_to_host(self, block_ids: Sequence[int], out: torch.Tensor) -> Any:
+        """:meth:`gather` into a host buffer; on CUDA it runs on a side stream after the
+        work queued so far and returns an event to wait on before reading ``out``
+        (``None``: the copy is done)."""
+        if self._on_cpu:
+            self.gather(block_ids, out)
+            return None
+        n = len(block_ids)
+        stream = self._side_stream()
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            idx = self._index(block_ids)
+            if self.combined is not None:
+                tmp = self.combined.index_select(1, idx)
+            else:
+                tmp = torch.stack([v.index_select(0, idx) for v in self.views])
+            out[:, :n].copy_(tmp, non_blocking=True)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(stream)
+        return event
+
+    def scatter_from_host(self, src: torch.Tensor, block_ids: Sequence[int]) -> Any:
+        """:meth:`scatter` from a host buffer; on CUDA it runs on a side stream and
+        returns an event (the compute stream must wait for it before reading the blocks,
+        see :meth:`order_before_compute`); ``None``: the copy is done."""
+        if self._on_cpu:
+            self.scatter(src, block_ids)
+            return None
+        n = self._check_src(src, block_ids)
+        stream = self._side_stream()
+        with torch.cuda.stream(stream):
+            if n:
+                idx = self._index(block_ids)
+                self._scatter(src.to(self.device, non_blocking=True), block_ids, idx)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(stream)
+        return event
+
+    def order_before_compute(self, events: Sequence[Any]) -> None:
+        """Make the compute stream wait for side-stream copies (no-op on CPU)."""
+        if self._on_cpu:
+            return
+        current = torch.cuda.current_stream(self.device)
+        for ev in events:
+            if ev is not None:
+                current.wait_event(ev)
+
+
+def _runs(block_ids: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``(source index, first block, length)`` of each run of consecutive block ids."""
+    out: list[tuple[int, int, int]] = []
+    for j, b in enumerate(block_ids):
+        if out and out[-1][1] + out[-1][2] == b:
+            s0, b0, k = out[-1]
+            out[-1] = (s0, b0, k + 1)
+        else:
+            out.append((j, b, 1))
+    return out
+
+
+def _combined_view(views: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """One ``[layers, blocks, *block]`` view over per-layer views placed at a constant
+    stride in one allocation, or ``None``."""
+    first = views[0]
+    if len(views) == 1:
+        return first.unsqueeze(0)
+    try:
+        storages = {v.untyped_storage().data_ptr() for v in views}
+    except (RuntimeError, NotImplementedError):
+        return None
+    if len(storages) != 1 or any(v.stride() != first.stride() for v in views):
+        return None
+    esize = first.element_size()
+    step = views[1].data_ptr() - first.data_ptr()
+    if step <= 0 or step % esize:
+        return None
+    if any(v.data_ptr() - first.data_ptr() != i * step for i, v in enumerate(views)):
+        return None
+    combined = first.as_strided(
+        (len(views), *first.shape),
+        (step // esize, *first.stride()),
+        first.storage_offset(),
+    )
+    # The strided view must address exactly the layers' bytes (no overlap between layers).
+    for i in (0, len(views) - 1):
+        if combined[i].data_ptr() != views[i].data_ptr():
+            return None
+    return combined
 
 
 def first_numel(shape: Sequence[int]) -> int:

@@ -34,57 +34,110 @@ class ChunkLoad:
 
 @dataclass
 class ChunkSave:
-    """Gather the blocks of one newly computed chunk and store it."""
+    """Gather the blocks of one computed chunk and store it.
+
+    ``reads`` are the blocks this chunk's computation read that were being loaded in a
+    step whose outcome the scheduler did not know yet: the worker drops the save if any
+    of them failed to load (the chunk was computed over wrong KV).
+    """
 
     req_id: str
     chunk_index: int
     chunk_hash: int
     block_ids: list[int]
+    reads: list[int] = field(default_factory=list)
 
 
 @dataclass
 class StepMetadata(KVConnectorMetadata):
-    """One engine step's loads and saves (loads of a request are in chunk order)."""
+    """One engine step's work for the workers.
 
+    ``step`` numbers the steps; ``acked`` is the last step whose worker report the
+    scheduler had processed when it built this one (failures up to it are accounted for
+    in its planning). ``loads`` load before the forward pass (chunks in the workers'
+    memory tier, loads of a request in chunk order); ``async_loads`` start background
+    loads reported through ``get_finished``; ``failed_blocks`` are blocks of planned
+    loads that could not be planned (reported as load errors); ``release`` lists, per
+    rank, chunks the scheduler no longer offers (their pins end after this step's
+    loads); ``finish_after_save`` names finished requests whose blocks vLLM keeps until
+    the workers have gathered their saves.
+    """
+
+    step: int = 0
+    acked: int = 0
     loads: list[ChunkLoad] = field(default_factory=list)
+    async_loads: dict[str, list[ChunkLoad]] = field(default_factory=dict)
     saves: list[ChunkSave] = field(default_factory=list)
+    failed_blocks: list[int] = field(default_factory=list)
+    release: dict[int, list[int]] = field(default_factory=dict)
+    finish_after_save: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
 
     def is_empty(self) -> bool:
-        return not self.loads and not self.saves
+        return not (
+            self.loads
+            or self.async_loads
+            or self.saves
+            or self.failed_blocks
+            or self.release
+            or self.finish_after_save
+        )
 
 
 @dataclass
 class WorkerReport(KVConnectorWorkerMetadata):
-    """What the workers did this step, merged over ranks by :meth:`aggregate`.
+    """What the workers did, merged over ranks by :meth:`aggregate`.
 
-    ``stored``: rank -> hashes now stored by that rank. ``missing``: rank -> hashes that
-    failed to load there (no longer assumed stored). ``failed_loads``: request id -> the
-    first chunk index that could not be loaded on some rank (those requests saved
-    nothing this step). ``disabled``: rank -> reason, for a worker that turned itself off.
+    ``step``: the last step whose metadata the workers processed. ``stored``: rank ->
+    hashes whose store into the top (memory) tier completed. ``evicted``: rank -> hashes
+    that tier evicted. ``missing``: rank -> hashes promised for a load but absent (stale
+    hits). ``withdrawn``: rank -> hashes the rank asks the scheduler to stop offering
+    (policy ``fail``). ``failed_loads``: request id -> first chunk index that could not
+    be loaded before the forward pass on some rank. ``async_failed``: request id ->
+    chunk indices a background load could not load. ``dropped_saves``: request id ->
+    first chunk index whose save was dropped (staging full, store refused).
+    ``disabled``: rank -> reason, for a worker that turned itself off.
     """
 
+    step: int = -1
     stored: dict[int, list[int]] = field(default_factory=dict)
+    evicted: dict[int, list[int]] = field(default_factory=dict)
     missing: dict[int, list[int]] = field(default_factory=dict)
+    withdrawn: dict[int, list[int]] = field(default_factory=dict)
     failed_loads: dict[str, int] = field(default_factory=dict)
+    async_failed: dict[str, list[int]] = field(default_factory=dict)
+    dropped_saves: dict[str, int] = field(default_factory=dict)
     disabled: dict[int, str] = field(default_factory=dict)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         if not isinstance(other, WorkerReport):
             return self
-        out = WorkerReport(
-            stored={k: list(v) for k, v in self.stored.items()},
-            missing={k: list(v) for k, v in self.missing.items()},
-            failed_loads=dict(self.failed_loads),
-            disabled=dict(self.disabled),
-        )
-        for rank, hashes in other.stored.items():
-            out.stored.setdefault(rank, []).extend(hashes)
-        for rank, hashes in other.missing.items():
-            out.missing.setdefault(rank, []).extend(hashes)
-        for req_id, idx in other.failed_loads.items():
-            out.failed_loads[req_id] = min(idx, out.failed_loads.get(req_id, idx))
+        out = WorkerReport(step=max(self.step, other.step), disabled=dict(self.disabled))
+        for name in ("stored", "evicted", "missing", "withdrawn"):
+            merged: dict[int, list[int]] = {k: list(v) for k, v in getattr(self, name).items()}
+            for rank, hashes in getattr(other, name).items():
+                merged.setdefault(rank, []).extend(hashes)
+            setattr(out, name, merged)
+        for name in ("failed_loads", "dropped_saves"):
+            mins: dict[str, int] = dict(getattr(self, name))
+            for req_id, idx in getattr(other, name).items():
+                mins[req_id] = min(idx, mins.get(req_id, idx))
+            setattr(out, name, mins)
+        failed = {k: list(v) for k, v in self.async_failed.items()}
+        for req_id, idxs in other.async_failed.items():
+            failed[req_id] = sorted(set(failed.get(req_id, [])) | set(idxs))
+        out.async_failed = failed
         out.disabled.update(other.disabled)
         return out
 
     def is_empty(self) -> bool:
-        return not (self.stored or self.missing or self.failed_loads or self.disabled)
+        return self.step < 0 and not (
+            self.stored
+            or self.evicted
+            or self.missing
+            or self.withdrawn
+            or self.failed_loads
+            or self.async_failed
+            or self.dropped_saves
+            or self.disabled
+        )

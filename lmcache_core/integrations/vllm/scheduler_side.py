@@ -1,12 +1,25 @@
 """The scheduler-side half of the connector (vLLM's engine-core process).
 
-How the scheduler knows what is stored: vLLM's workers run in their own processes (on
-the CPU backend even at TP=1), each with its own hierarchy. Every step, each worker
-reports the chunk hashes it stored (:class:`~.metadata.WorkerReport`) and the scheduler
-keeps them in a bounded index (hash -> set of ranks). Chunks stored by earlier processes
-or other instances live in shared tiers (disk, S3), which the scheduler consults through
-a lookup view of those tiers. A chunk is a hit only when **every** rank has it; a hit
-that then fails to load on any rank is reported as invalid blocks and vLLM recomputes.
+**What is stored.** vLLM's workers run in their own processes (on the CPU backend even at
+TP=1), each with its own hierarchy. Each worker reports the chunks whose store into its
+memory tier completed and the ones that tier evicted; the scheduler keeps them in a
+bounded index (hash -> ranks holding it). Chunks stored by earlier processes or other
+instances live in shared tiers (disk, S3), looked up in the background through a lookup
+view of those tiers (:mod:`.lookups`); vLLM asks again next step meanwhile.
+
+**How a hit loads.** A hit wholly in every rank's memory tier (and within the step's byte
+budget) loads before the forward pass; any other hit loads in the background
+(``load_async``): vLLM keeps the request waiting, and caches its blocks in its prefix
+cache only once the load is over.
+
+**Never a promise it cannot keep.** Under vLLM's ``kv_load_failure_policy: fail`` a failed
+load fails the user's request, so only chunks held by a lease from lookup to load are
+offered: memory-tier chunks stay pinned by their worker until the scheduler has stopped
+offering them; shared-tier chunks are offered only where the tier pins them.
+
+**Never a chunk computed over a failed load.** :class:`~.taint.BlockTaint` follows every
+block whose load failed or may yet fail, and everything computed over one, by any
+request; saves are planned only from good blocks.
 """
 
 from __future__ import annotations
@@ -21,13 +34,20 @@ from typing import Any
 
 from .context import ConnectorContext
 from .keying import RequestKeyer
+from .lookups import ViewLookups
 from .metadata import ChunkLoad, ChunkSave, StepMetadata, WorkerReport
 from .stats_file import write_stats
 from .storage import Storage
+from .taint import BlockTaint
 
 __all__ = ["SchedulerSide", "StoredIndex"]
 
 log = logging.getLogger("vllm.lmcache_core.connector")
+
+#: A finished lookup's answer is reused this long for a request vLLM asks about again.
+LOOKUP_REUSE_S = 5.0
+#: Leases from a lookup last this long beyond the load deadline unless released.
+LEASE_MARGIN_S = 30.0
 
 
 class StoredIndex:
@@ -66,11 +86,16 @@ class StoredIndex:
 
 @dataclass
 class _Req:
-    hashes: tuple[int, ...]
     request: Any
+    hashes: list[int]
+    keyable: bool = True
     stored_upto: int = 0  # leading chunks known to be stored (or being stored)
     lookup_local: int = 0
-    load: tuple[int, int] | None = None  # token range to load this step
+    plan_async: bool = False
+    from_shared: bool = False  # the planned hit reaches into a shared tier
+    loading_async: bool = False
+    last_save_step: int = -1
+    async_failed: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -80,11 +105,21 @@ class _Counters:
     queried_tokens: int = 0
     hit_tokens: int = 0
     hit_requests: int = 0
+    sync_loads: int = 0
+    async_loads: int = 0
     loads_planned: int = 0
     saves_planned: int = 0
+    decode_saves_planned: int = 0
     load_failures: int = 0
+    failed_chunks: int = 0
+    stale_hits: int = 0
     lookup_errors: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    saves_held_back: int = 0
+    save_resets: int = 0
+    unplannable_loads: int = 0
+    delayed_finishes: int = 0
+    dropped_saves: int = 0
+    preempted_requests: int = 0
 
 
 class SchedulerSide:
@@ -95,28 +130,57 @@ class SchedulerSide:
         self.disabled = ctx.disabled
         self.counters = _Counters()
         self.reqs: dict[str, _Req] = {}
-        self.index = StoredIndex(ctx.settings.options.index_max_chunks)
+        opts = ctx.settings.options
+        self.index = StoredIndex(opts.index_max_chunks)
         self.full_mask = (1 << ctx.world_size) - 1
+        self.fail_policy = ctx.failure_policy != "recompute"
         self.view: Storage | None = None
+        self.lookups: ViewLookups | None = None
         self.keyer: RequestKeyer | None = None
+        self.taint: BlockTaint | None = None
         self._dbs: list[Any] = []
         self._last_log = time.monotonic()
+        self.step = 0
+        self.acked = 0
+        self._sync_loads: list[ChunkLoad] = []
+        self._async_loads: dict[str, list[ChunkLoad]] = {}
+        self._failed_blocks: list[int] = []
+        self._final_saves: list[ChunkSave] = []
+        self._finish_after: list[str] = []
+        self._release: dict[int, list[int]] = {}
+        self._step_load_bytes = 0
+        self._chunk_bytes = 0
         if self.disabled:
             log.error("LMCacheCoreConnector disabled, serving no hits: %s", self.disabled)
             return
-        assert ctx.db is not None and ctx.namespace is not None
+        assert ctx.db is not None and ctx.namespace is not None and ctx.layout is not None
         self.keyer = RequestKeyer(
             ctx.db,
             ctx.hash_block_size if ctx.use_vllm_hashes else ctx.block_size,
             vllm_block_hashes=ctx.use_vllm_hashes,
         )
+        self.taint = BlockTaint(ctx.block_size, ctx.blocks_per_chunk)
         self._dbs = [ctx.db.for_worker(r, ctx.world_size) for r in range(ctx.world_size)]
-        self.view = Storage.lookup_view(
-            ctx.storage_config, ctx.namespace, timeout_s=ctx.settings.options.io_timeout_s
+        lay = ctx.layout
+        elem = 1 if "8" in lay.dtype else (2 if "16" in lay.dtype else 4)
+        self._chunk_bytes = (
+            len(lay.layer_names)
+            * lay.num_kv_heads
+            * (lay.head_size + lay.head_size_v)
+            * ctx.chunk_size
+            * elem
         )
+        self.view = Storage.lookup_view(ctx.storage_config, ctx.namespace)
+        if self.view is not None:
+            self.lookups = ViewLookups(
+                self.view,
+                deadline_s=opts.lookup_deadline_ms / 1000.0,
+                lease_s=opts.load_deadline_s + LEASE_MARGIN_S,
+                reuse_s=LOOKUP_REUSE_S,
+            )
         log.info(
             "LMCacheCoreConnector scheduler side: pid=%d world_size=%d chunk_size=%d "
-            "namespace=%s model=%s@%s layout=%s lookup_view=%s",
+            "namespace=%s model=%s@%s layout=%s lookup_view=%s policy=%s",
             os.getpid(),
             ctx.world_size,
             ctx.chunk_size,
@@ -125,51 +189,53 @@ class SchedulerSide:
             ctx.namespace.model_revision[:19],
             ctx.namespace.kv_layout,
             list(self.view.tier_names) if self.view else "none",
+            ctx.failure_policy,
         )
+        if self.fail_policy and self.view is not None:
+            unpinnable = [
+                t.name
+                for t in self.view.hierarchy.tiers
+                if not callable(getattr(t.backend, "pin", None))
+            ]
+            if unpinnable:
+                log.warning(
+                    "LMCacheCoreConnector: kv_load_failure_policy is %r, so chunks in "
+                    "tiers that cannot hold them until they are loaded (%s) are not offered; "
+                    'set "kv_load_failure_policy": "recompute" to use them',
+                    ctx.failure_policy,
+                    ", ".join(unpinnable),
+                )
+
+    # ------------------------------------------------------------------ requests
+    def _state(self, request: Any) -> _Req:
+        st = self.reqs.get(request.request_id)
+        if st is None:
+            assert self.keyer is not None
+            keys = self.keyer.keys(request)
+            st = _Req(request, list(keys.hashes), keyable=keys.reason is None)
+            self.reqs[request.request_id] = st
+            self.counters.requests += 1
+            if keys.reason is not None:
+                self.counters.unkeyable += 1
+        return st
+
+    def _extend_hashes(self, st: _Req, num_tokens: int) -> None:
+        """Make sure the hashes of the chunks of the first ``num_tokens`` tokens are known."""
+        cs = self.ctx.chunk_size
+        if not st.keyable or len(st.hashes) >= num_tokens // cs or self.keyer is None:
+            return
+        if num_tokens // cs <= int(st.request.num_prompt_tokens) // cs:
+            return
+        keys = self.keyer.keys(st.request, num_tokens)
+        if keys.reason is None and len(keys.hashes) > len(st.hashes):
+            st.hashes = list(keys.hashes)
 
     # ------------------------------------------------------------------ lookups
-    def _matched_chunks(self, hashes: tuple[int, ...]) -> int:
-        """Leading chunks every rank can load (index first, shared tiers for the rest)."""
-        n = len(hashes)
-        i = 0
-        while i < n and self.index.mask(hashes[i]) == self.full_mask:
-            i += 1
-        if i == n or self.view is None:
-            return i
-        best = n
-        for rank, db in enumerate(self._dbs):
-            bit = 1 << rank
-            j = i
-            while j < best:
-                while j < best and self.index.mask(hashes[j]) & bit:
-                    j += 1
-                if j >= best:
-                    break
-                found = self._view_lookup([db.make_key(h) for h in hashes[j:best]])
-                if found == 0:
-                    best = j
-                    break
-                j += found
-        return best
-
-    def _view_lookup(self, keys: list[Any]) -> int:
-        """Leading ``keys`` in the shared tiers; a failing lookup finds nothing."""
-        assert self.view is not None
-        try:
-            return self.view.lookup(keys).num_hit
-        except Exception as exc:
-            self.counters.lookup_errors += 1
-            n = self.counters.lookup_errors
-            if n == 1 or n % 1000 == 0:
-                log.warning(
-                    "LMCacheCoreConnector: shared-tier lookup failed (%d so far): %s", n, exc
-                )
-            return 0
-
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
-    ) -> tuple[int, bool]:
-        """Tokens beyond ``num_computed_tokens`` that can be loaded (never the last one).
+    ) -> tuple[int | None, bool]:
+        """Tokens beyond ``num_computed_tokens`` that can be loaded (never the last one),
+        and whether they load in the background; ``None`` while a lookup runs.
 
         Any error here is logged and answers 0: a miss is always safe.
         """
@@ -183,149 +249,353 @@ class SchedulerSide:
             )
             return 0, False
 
-    def _matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
-        assert self.keyer is not None
-        req_id = request.request_id
-        st = self.reqs.get(req_id)
-        if st is None:
-            keys = self.keyer.keys(request)
-            st = _Req(keys.hashes, request)
-            self.reqs[req_id] = st
-            self.counters.requests += 1
-            if keys.reason is not None:
-                self.counters.unkeyable += 1
-        st.load = None
+    def _matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        st = self._state(request)
         st.lookup_local = num_computed_tokens
-        if not st.hashes:
+        st.plan_async = False
+        if request.num_tokens > request.num_prompt_tokens:  # a resumed or continued request
+            self._extend_hashes(st, request.num_tokens)
+        hashes = st.hashes
+        if not hashes:
             return 0, False
-        matched = self._matched_chunks(st.hashes)
-        st.stored_upto = max(st.stored_upto, matched)
-        hit = matched * self.ctx.chunk_size
+        cs = self.ctx.chunk_size
+        n = len(hashes)
+        starts = self._memory_prefix(hashes, num_computed_tokens // cs)
+        in_memory = min(starts)
+        best = in_memory
+        if self.lookups is not None and in_memory < n:
+            hits = self.lookups.poll(request.request_id, starts, self._view_keys(hashes, starts))
+            if hits is None:
+                return None, False  # ask again later: the lookup runs in the background
+            usable = hits.pinned if self.fail_policy else hits.found
+            best = min(s + u for s, u in zip(starts, usable, strict=True))
+        hit = best * cs
         if hit >= request.num_tokens:
             hit = request.num_tokens - 1  # the last token is always recomputed
-        self.counters.queried_tokens += max(0, request.num_tokens - num_computed_tokens)
         ext = hit - num_computed_tokens
-        return (ext, False) if ext > 0 else (0, False)
+        if ext <= 0:
+            return 0, False
+        st.plan_async = st.from_shared = best > in_memory
+        if not st.plan_async:
+            nbytes = -(-ext // cs) * self._chunk_bytes
+            limit = self.ctx.settings.options.max_load_bytes_per_step
+            st.plan_async = self._step_load_bytes + nbytes > limit
+        return ext, st.plan_async
 
-    def update_state_after_alloc(self, request: Any, num_external_tokens: int) -> None:
+    def hit_source(self, request: Any) -> str:
+        """Where the request's planned load comes from, for vLLM's hit-source metric:
+        ``host`` (the workers' memory tier) or ``disk`` (a shared tier)."""
         st = self.reqs.get(request.request_id)
-        if st is None or num_external_tokens <= 0:
+        return "disk" if st is not None and st.from_shared else "host"
+
+    def _memory_prefix(self, hashes: list[int], first: int) -> list[int]:
+        """Per rank: the first chunk from ``first`` on that its memory tier lacks."""
+        starts = []
+        for rank in range(self.ctx.world_size):
+            bit, j = 1 << rank, first
+            while j < len(hashes) and self.index.mask(hashes[j]) & bit:
+                j += 1
+            starts.append(j)
+        return starts
+
+    def _view_keys(self, hashes: list[int], starts: list[int]) -> list[list[Any]]:
+        return [
+            [self._dbs[r].make_key(h) for h in hashes[starts[r] :]]
+            for r in range(self.ctx.world_size)
+        ]
+
+    def on_new_request(self, request: Any) -> None:
+        """Start the shared-tier lookup as soon as vLLM receives the request, so it has
+        usually finished when vLLM first asks (no extra scheduler step for it)."""
+        if self.disabled or self.keyer is None or self.lookups is None:
             return
-        start = st.lookup_local
-        st.load = (start, start + num_external_tokens)
+        try:
+            st = self._state(request)
+            starts = self._memory_prefix(st.hashes, 0)
+            if st.hashes and min(starts) < len(st.hashes):
+                self.lookups.prefetch(
+                    request.request_id, starts, self._view_keys(st.hashes, starts)
+                )
+        except Exception:
+            log.exception("LMCacheCoreConnector: early lookup of %s failed", request.request_id)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        st = self.reqs.get(request.request_id)
+        if st is None or self.taint is None:
+            return
+        try:
+            block_ids = list(blocks.get_block_ids()[0]) if blocks is not None else []
+        except (AttributeError, IndexError, TypeError):
+            block_ids = []
+        bs = self.ctx.block_size
+        computed = max(st.lookup_local, int(getattr(request, "num_computed_tokens", 0) or 0))
+        self.taint.admit(request.request_id, block_ids, -(-computed // bs) + 1)
+        self.counters.queried_tokens += max(0, request.num_tokens - st.lookup_local)
+        if num_external_tokens <= 0:
+            if not st.loading_async and self.lookups is not None:
+                self.lookups.release(request.request_id)
+            return
+        self._plan_load(st, block_ids, st.lookup_local, st.lookup_local + num_external_tokens)
         self.counters.hit_tokens += num_external_tokens
         self.counters.hit_requests += 1
 
+    def _plan_load(self, st: _Req, block_ids: list[int], start: int, end: int) -> None:
+        assert self.taint is not None
+        req_id = st.request.request_id
+        cs, bs, bpc = self.ctx.chunk_size, self.ctx.block_size, self.ctx.blocks_per_chunk
+        last_block = -(-end // bs)  # blocks [start // bs, last_block) receive data
+        loads: list[ChunkLoad] = []
+        targets: list[tuple[int, int]] = []
+        for c in range(start // cs, -(-end // cs)):
+            first = max(start // bs, c * bpc)
+            stop = min(last_block, (c + 1) * bpc)
+            if stop > len(block_ids) or c >= len(st.hashes):
+                # vLLM counts these tokens as computed: report their blocks as failed.
+                bad = block_ids[first : min(last_block, len(block_ids))]
+                self._failed_blocks.extend(bad)
+                targets.extend((i, block_ids[i]) for i in range(first, first + len(bad)))
+                self.counters.unplannable_loads += 1
+                log.error(
+                    "LMCacheCoreConnector: load of %s needs blocks up to %d but %d are "
+                    "allocated; reporting them as failed",
+                    req_id,
+                    last_block,
+                    len(block_ids),
+                )
+                break
+            loads.append(ChunkLoad(req_id, c, st.hashes[c], first - c * bpc, block_ids[first:stop]))
+            targets.extend((i, block_ids[i]) for i in range(first, stop))
+        if loads:  # loaded chunks are stored already: never saved again from here
+            st.stored_upto = max(st.stored_upto, loads[-1].chunk_index + 1)
+        if st.plan_async and loads:
+            self._async_loads[req_id] = loads
+            st.loading_async = True
+            self.taint.loading(req_id, targets, None)
+            self.counters.async_loads += 1
+        else:
+            self._sync_loads.extend(loads)
+            self.taint.loading(req_id, targets, self.step + 1)
+            self._step_load_bytes += len(loads) * self._chunk_bytes
+            self.counters.sync_loads += 1 if loads else 0
+            if self.lookups is not None:
+                self.lookups.release(req_id)
+
     # ------------------------------------------------------------------ planning
     def build_meta(self, scheduler_output: Any) -> StepMetadata:
-        meta = StepMetadata()
-        if self.disabled:
+        self.step += 1
+        meta = StepMetadata(step=self.step, acked=self.acked)
+        if self.disabled or self.taint is None:
             return meta
+        meta.loads, self._sync_loads = self._sync_loads, []
+        meta.async_loads, self._async_loads = self._async_loads, {}
+        meta.failed_blocks, self._failed_blocks = self._failed_blocks, []
+        meta.saves, self._final_saves = self._final_saves, []
+        meta.finish_after_save, self._finish_after = self._finish_after, []
+        meta.release, self._release = self._release, {}
+        self._step_load_bytes = 0
+        taint = self.taint
+        preempted = getattr(scheduler_output, "preempted_req_ids", None) or set()
+        for req_id in preempted:
+            taint.drop(req_id)
+        self.counters.preempted_requests += len(preempted)
+        meta.preempted = sorted(preempted)
         block_state = getattr(scheduler_output, "kv_connector_block_state", None)
         steps: list[tuple[str, int, list[int] | None]] = []
         for new in scheduler_output.scheduled_new_reqs:
             steps.append((new.req_id, new.num_computed_tokens, list(new.block_ids[0])))
         cached = scheduler_output.scheduled_cached_reqs
+        resumed: set[str] = getattr(cached, "resumed_req_ids", None) or set()
         for i, req_id in enumerate(cached.req_ids):
+            new_ids = cached.new_block_ids[i] if i < len(cached.new_block_ids) else None
+            if new_ids and req_id not in resumed:
+                taint.fresh(new_ids[0])
             steps.append((req_id, cached.num_computed_tokens[i], None))
-        saving: set[int] = set()
-        for req_id, computed, new_blocks in steps:
+
+        tables: dict[str, list[int] | None] = {}
+
+        def table(req_id: str, fallback: list[int] | None) -> list[int] | None:
+            if req_id not in tables:
+                ids = block_state.get_block_ids(req_id) if block_state is not None else None
+                tables[req_id] = list(ids[0]) if ids else fallback
+            return tables[req_id]
+
+        num_sched = scheduler_output.num_scheduled_tokens
+        accesses = []
+        for req_id, computed, fallback in steps:
+            if taint.holds(req_id):
+                blocks = table(req_id, fallback)
+                if blocks is not None:
+                    sched = int(num_sched.get(req_id, 0))
+                    accesses.append(taint.access(req_id, blocks, computed, sched))
+        taint.record_step(self.step, accesses)
+
+        saving = {s.chunk_hash for s in meta.saves}
+        for req_id, computed, fallback in steps:
             st = self.reqs.get(req_id)
-            if st is None or not st.hashes:
+            if st is None or not st.keyable:
                 continue
-            blocks: list[int] | None = None
-            if block_state is not None:
-                ids = block_state.get_block_ids(req_id)
-                blocks = list(ids[0]) if ids else None
-            if blocks is None:
-                blocks = new_blocks
-            if blocks is None:
-                continue
-            if st.load is not None:
-                self._plan_load(meta, req_id, st, blocks)
-            done = computed + int(scheduler_output.num_scheduled_tokens.get(req_id, 0))
-            self._plan_saves(meta, req_id, st, blocks, done, saving)
-        self.counters.loads_planned += len(meta.loads)
+            done = computed + int(num_sched.get(req_id, 0))
+            self._plan_saves(meta.saves, st, done, lambda r=req_id, f=fallback: table(r, f), saving)
+        self.counters.loads_planned += len(meta.loads) + sum(
+            len(v) for v in meta.async_loads.values()
+        )
         self.counters.saves_planned += len(meta.saves)
         return meta
 
-    def _plan_load(self, meta: StepMetadata, req_id: str, st: _Req, blocks: list[int]) -> None:
-        assert st.load is not None
-        start, end = st.load
-        st.load = None
-        cs, bs, bpc = self.ctx.chunk_size, self.ctx.block_size, self.ctx.blocks_per_chunk
-        last_block = -(-end // bs)  # blocks [start // bs, last_block) receive data
-        if last_block > len(blocks):
-            log.error(
-                "load of %s needs %d blocks but %d are allocated; not loading",
-                req_id,
-                last_block,
-                len(blocks),
-            )
-            return
-        for c in range(start // cs, -(-end // cs)):
-            first = max(start // bs, c * bpc)
-            stop = min(last_block, (c + 1) * bpc)
-            meta.loads.append(
-                ChunkLoad(req_id, c, st.hashes[c], first - c * bpc, blocks[first:stop])
-            )
+    def _save_limit(self, st: _Req, done: int) -> int:
+        """Chunks of ``st`` whose KV exists after ``done`` computed tokens and whose tokens
+        are known."""
+        req = st.request
+        limit_tokens = min(done, int(req.num_tokens))
+        if not self.ctx.settings.options.save_decode_chunks:
+            limit_tokens = min(limit_tokens, int(req.num_prompt_tokens))
+        return limit_tokens // self.ctx.chunk_size
 
     def _plan_saves(
-        self,
-        meta: StepMetadata,
-        req_id: str,
-        st: _Req,
-        blocks: list[int],
-        done: int,
-        saving: set[int],
-    ) -> None:
-        cs, bpc = self.ctx.chunk_size, self.ctx.blocks_per_chunk
-        limit = min(done, int(st.request.num_prompt_tokens)) // cs
-        limit = min(limit, len(st.hashes), len(blocks) // bpc)
+        self, out: list[ChunkSave], st: _Req, done: int, blocks_of: Any, saving: set[int]
+    ) -> bool:
+        """Plan saves of the chunks of ``st`` complete after ``done`` computed tokens into
+        ``out``; ``True`` if any was planned."""
+        assert self.taint is not None
+        limit = self._save_limit(st, done)
+        if limit <= st.stored_upto:
+            return False
+        self._extend_hashes(st, limit * self.ctx.chunk_size)
+        limit = min(limit, len(st.hashes))
+        if limit <= st.stored_upto:
+            return False
+        blocks = blocks_of()
+        if blocks is None:
+            return False
+        bpc = self.ctx.blocks_per_chunk
+        limit = min(limit, len(blocks) // bpc)
+        req_id = st.request.request_id
+        n_prompt_chunks = int(st.request.num_prompt_tokens) // self.ctx.chunk_size
+        planned = False
         for c in range(st.stored_upto, limit):
             h = st.hashes[c]
-            if h in saving:
+            if self.index.mask(h) == self.full_mask or h in saving:
                 continue
+            reads = self.taint.save_reads(req_id, (c + 1) * bpc)
+            if reads is None:
+                # computed over a failed load: saved once the blocks are recomputed
+                self.counters.saves_held_back += 1
+                limit = c
+                break
             saving.add(h)
-            meta.saves.append(ChunkSave(req_id, c, h, blocks[c * bpc : (c + 1) * bpc]))
+            out.append(ChunkSave(req_id, c, h, blocks[c * bpc : (c + 1) * bpc], reads))
+            if c >= n_prompt_chunks:
+                self.counters.decode_saves_planned += 1
+            planned = True
         st.stored_upto = max(st.stored_upto, limit)
+        if planned:
+            st.last_save_step = self.step
+        return planned
 
     # ------------------------------------------------------------------ feedback
     def update_connector_output(self, output: Any) -> None:
-        report = getattr(output, "kv_connector_worker_meta", None)
-        if not isinstance(report, WorkerReport):
+        if self.taint is None:
             return
-        for rank, hashes in report.stored.items():
-            self.index.add(rank, hashes)
-        for rank, hashes in report.missing.items():
-            self.index.discard(rank, hashes)
-        for req_id, idx in report.failed_loads.items():
-            self.counters.load_failures += 1
+        report = getattr(output, "kv_connector_worker_meta", None)
+        invalid = set(getattr(output, "invalid_block_ids", None) or ())
+        c = self.counters
+        if isinstance(report, WorkerReport):
+            for rank, hashes in report.stored.items():
+                self.index.add(rank, hashes)
+            for name in ("evicted", "missing", "withdrawn"):
+                for rank, hashes in getattr(report, name).items():
+                    self.index.discard(rank, hashes)
+            for rank, hashes in report.withdrawn.items():
+                self._release.setdefault(rank, []).extend(hashes)
+            c.stale_hits += len({h for hashes in report.missing.values() for h in hashes})
+            for req_id, idx in report.failed_loads.items():
+                c.load_failures += 1
+                st = self.reqs.get(req_id)
+                if st is not None:
+                    st.stored_upto = min(st.stored_upto, idx)
+            for req_id, idxs in report.async_failed.items():
+                st = self.reqs.get(req_id)
+                if st is not None:
+                    st.async_failed.update(idxs)
+            for req_id, idx in report.dropped_saves.items():
+                c.dropped_saves += 1
+                st = self.reqs.get(req_id)
+                if st is not None:
+                    st.stored_upto = min(st.stored_upto, idx)
+            if report.step > self.acked:
+                self.taint.resolve_step(report.step, invalid)
+                self.acked = report.step
+            elif invalid:
+                self.taint.resolve_step(self.acked, invalid)
+            if report.disabled and not self.disabled:
+                rank, why = next(iter(sorted(report.disabled.items())))
+                self.disabled = f"worker rank {rank}: {why}"
+                log.error("LMCacheCoreConnector disabled, serving no hits: %s", self.disabled)
+        elif invalid:
+            self.taint.resolve_step(self.acked, invalid)
+        for req_id in getattr(output, "finished_recving", None) or ():
             st = self.reqs.get(req_id)
-            if st is not None:
-                st.stored_upto = min(st.stored_upto, idx)
-        if report.disabled and not self.disabled:
-            rank, why = next(iter(sorted(report.disabled.items())))
-            self.disabled = f"worker rank {rank}: {why}"
-            log.error("LMCacheCoreConnector disabled, serving no hits: %s", self.disabled)
+            self.taint.resolve_async(req_id, ())
+            if self.lookups is not None:
+                self.lookups.release(req_id)
+            if st is None:
+                continue
+            st.loading_async = False
+            if st.async_failed:
+                c.load_failures += 1
+                c.failed_chunks += len(st.async_failed)
+                st.stored_upto = min(st.stored_upto, min(st.async_failed))
+                st.async_failed.clear()
+        for req_id, chunk in self.taint.take_resets().items():
+            st = self.reqs.get(req_id)
+            if st is not None and chunk < st.stored_upto:
+                st.stored_upto = chunk
+                c.save_resets += 1
 
-    def request_finished(self, request: Any) -> None:
-        self.reqs.pop(request.request_id, None)
+    def request_finished(self, request: Any, block_ids: list[int]) -> bool:
+        """Forget the request. ``True``: vLLM must keep its blocks until the workers report
+        its last saves gathered (through ``get_finished``)."""
+        req_id = request.request_id
+        st = self.reqs.get(req_id)
+        delay = False
+        if st is not None and self.taint is not None and not self.disabled and not st.loading_async:
+            planned = self._plan_saves(
+                self._final_saves,
+                st,
+                int(request.num_computed_tokens),
+                lambda: list(block_ids),
+                {s.chunk_hash for s in self._final_saves},
+            )
+            in_flight = st.last_save_step > self.acked + (0 if self._device_gathers_async() else 1)
+            delay = planned or in_flight
+        self.reqs.pop(req_id, None)
+        if self.taint is not None:
+            self.taint.drop(req_id)
+        if self.lookups is not None:
+            self.lookups.release(req_id)
+        if delay:
+            self._finish_after.append(req_id)
+            self.counters.delayed_finishes += 1
         now = time.monotonic()
         if now - self._last_log >= 10.0:
             self._last_log = now
             c = self.counters
             log.info(
                 "LMCacheCoreConnector: %d requests, %d hit, %d/%d prompt tokens loaded, "
-                "%d load failures, %d unkeyable",
+                "%d load failures, %d stale hits, %d unkeyable",
                 c.requests,
                 c.hit_requests,
                 c.hit_tokens,
                 c.queried_tokens,
                 c.load_failures,
+                c.stale_hits,
                 c.unkeyable,
             )
         self.write_stats()
+        return delay
+
+    def _device_gathers_async(self) -> bool:
+        return self.ctx.layout is not None and self.ctx.layout.device_type != "cpu"
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:
@@ -334,19 +604,40 @@ class SchedulerSide:
             "role": "scheduler",
             "pid": os.getpid(),
             "disabled": self.disabled,
+            "policy": self.ctx.failure_policy,
             "requests": c.requests,
             "unkeyable": c.unkeyable,
             "unkeyable_reasons": dict(self.keyer.unkeyable) if self.keyer else {},
             "queried_tokens": c.queried_tokens,
             "hit_tokens": c.hit_tokens,
             "hit_requests": c.hit_requests,
+            "sync_loads": c.sync_loads,
+            "async_loads": c.async_loads,
             "loads_planned": c.loads_planned,
             "saves_planned": c.saves_planned,
+            "decode_saves_planned": c.decode_saves_planned,
             "load_failures": c.load_failures,
-            "lookup_errors": c.lookup_errors,
+            "failed_chunks": c.failed_chunks,
+            "stale_hits": c.stale_hits,
+            "lookup_errors": c.lookup_errors
+            + (self.lookups.errors if self.lookups is not None else 0),
+            "lookups_started": self.lookups.started if self.lookups is not None else 0,
+            "lookup_deadline_misses": self.lookups.deadline_misses
+            if self.lookups is not None
+            else 0,
+            "saves_held_back": c.saves_held_back,
+            "save_resets": c.save_resets,
+            "dropped_saves": c.dropped_saves,
+            "unplannable_loads": c.unplannable_loads,
+            "delayed_finishes": c.delayed_finishes,
+            "preempted_requests": c.preempted_requests,
             "active_requests": len(self.reqs),
             "index_chunks": len(self.index),
+            "step": self.step,
+            "acked_step": self.acked,
         }
+        if self.taint is not None:
+            d.update(self.taint.stats())
         if self.ctx.namespace is not None:
             d["namespace"] = json.loads(self.ctx.namespace.to_json())
         return d
@@ -358,6 +649,8 @@ class SchedulerSide:
 
     def close(self) -> None:
         self.write_stats()
+        if self.lookups is not None:
+            self.lookups.close()
         if self.view is not None:
             self.view.close()
             self.view = None

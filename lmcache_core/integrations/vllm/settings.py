@@ -11,7 +11,9 @@ YAML/JSON file under ``"config_file"``, plus the connector's own options (see
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +30,8 @@ __all__ = [
     "options_markdown",
     "parse_settings",
 ]
+
+log = logging.getLogger("vllm.lmcache_core.connector")
 
 #: Storage used when neither ``config`` nor ``config_file`` is given.
 DEFAULT_STORAGE_CONFIG: dict[str, Any] = {
@@ -60,12 +64,39 @@ class ConnectorOptions:
         doc="Write counters to <stats_dir>/scheduler-<pid>.json and worker<rank>-<pid>.json.",
     )
     max_staging_bytes: int = option(
-        "256MiB", kind="bytes", minimum=1, doc="Bound on the reused staging buffers of a worker."
+        "256MiB",
+        kind="bytes",
+        minimum=1,
+        doc="Bound on a worker's reused staging buffers: half for saves (a save finding "
+        "none free is dropped and counted), a quarter each for the two kinds of loads.",
     )
-    io_timeout_s: float = option(
-        120.0,
+    lookup_deadline_ms: float = option(
+        20.0,
+        minimum=0.0,
+        doc="A lookup in shared tiers (run in the background; the request waits meanwhile) "
+        "not done this long after it started is a miss, counted as a lookup deadline.",
+    )
+    load_deadline_s: float = option(
+        5.0,
         minimum=0.001,
-        doc="Longest a lookup, load or store may block vLLM; past it the chunks count as misses.",
+        doc="A load not done this long after it started fails; its blocks are recomputed.",
+    )
+    max_load_bytes_per_step: int = option(
+        "512MiB",
+        kind="bytes",
+        minimum=1,
+        doc="Bytes loaded before one forward pass at most; larger hits load in the background.",
+    )
+    save_decode_chunks: bool = option(
+        True,
+        doc="Also store chunks completed while generating (multi-turn reuse).",
+    )
+    io_timeout_s: float | None = option(
+        None,
+        kind="float",
+        minimum=0.001,
+        doc="Deprecated: use lookup_deadline_ms and load_deadline_s (when set, it is the "
+        "load deadline unless load_deadline_s is given).",
     )
     index_max_chunks: int = option(
         1_000_000,
@@ -133,6 +164,14 @@ def parse_settings(extra: Mapping[str, Any] | None) -> ConnectorSettings:
         storage = json.loads(json.dumps(DEFAULT_STORAGE_CONFIG))
         source = "<default>"
     options = build_options(ConnectorOptions, extra, path="kv_connector_extra_config")
+    if options.io_timeout_s is not None:
+        log.warning(
+            "LMCacheCoreConnector: io_timeout_s is deprecated; use lookup_deadline_ms "
+            "(default 20) and load_deadline_s (default 5)%s",
+            "" if "load_deadline_s" in extra else f"; load_deadline_s={options.io_timeout_s}",
+        )
+        if "load_deadline_s" not in extra:
+            options = dataclasses.replace(options, load_deadline_s=options.io_timeout_s)
     return ConnectorSettings(storage=storage, options=options, source=source, raw=dict(extra))
 
 

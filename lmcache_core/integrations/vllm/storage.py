@@ -13,23 +13,26 @@ each (an IO event-loop thread per process).
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import concurrent.futures
 import dataclasses
 import logging
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ...config import CacheConfig, load_config
-from ...hierarchy import TieredHierarchy
+from ...hierarchy import PrefixLookup, TieredHierarchy
 from ...keys import CacheEngineKey, Namespace
 from ...sync import SyncBackend
 
-__all__ = ["Lookup", "Storage", "load_storage_config"]
+__all__ = ["Lookup", "Storage", "load_storage_config", "pinned_keys"]
 
 log = logging.getLogger("vllm.lmcache_core.storage")
+T = TypeVar("T")
 
 
 def load_storage_config(raw: dict[str, Any], source: str = "") -> CacheConfig:
@@ -42,10 +45,19 @@ def load_storage_config(raw: dict[str, Any], source: str = "") -> CacheConfig:
 
 @dataclass(frozen=True)
 class Lookup:
-    """Leading keys available, and the name of the tier holding each."""
+    """Leading keys available, the name of the tier holding each, and the keys this
+    lookup pinned (the only ones its caller may release)."""
 
     num_hit: int
     tiers: tuple[str, ...]
+    pinned: tuple[CacheEngineKey, ...] = ()
+
+
+def pinned_keys(keys: Sequence[CacheEngineKey], res: PrefixLookup) -> list[CacheEngineKey]:
+    """The keys ``res`` (a lookup of ``keys``) pinned. Release only these:
+    :meth:`TieredHierarchy.release` ends one lease per key whoever took it, so releasing a
+    hit this lookup did not pin would end another caller's lease."""
+    return [k for k, p in zip(keys[: res.num_hit], res.pinned, strict=False) if p]
 
 
 class Storage:
@@ -73,6 +85,7 @@ class Storage:
             )
         self.config = config
         self.tier_names = tuple(t.name for t in config.tiers)
+        self.drain_timeout_s = float(config.drain_timeout_s)
         self.hierarchy = TieredHierarchy(config, namespace=namespace, name="vllm-connector")
         backend: Any = self.hierarchy
         self.sync = SyncBackend(backend, timeout=timeout_s)
@@ -91,19 +104,64 @@ class Storage:
             return None
         return cls(config, namespace, shared_only=True, timeout_s=timeout_s)
 
+    # ------------------------------------------------------------------ top tier
+    @property
+    def top_is_private_memory(self) -> bool:
+        """Whether the first tier is this process's memory (not shared, not persistent)."""
+        caps = getattr(self.hierarchy.tiers[0].backend, "capabilities", None)
+        return not (getattr(caps, "shared", False) or getattr(caps, "persistent", False))
+
+    @property
+    def top_max_bytes(self) -> int | None:
+        """Capacity of the first tier when it declares one."""
+        n = getattr(self.hierarchy.tiers[0].backend, "max_bytes", None)
+        return int(n) if isinstance(n, int) else None
+
+    def on_top_eviction(self, listener: Callable[[CacheEngineKey], None]) -> None:
+        """Call ``listener(key)`` after the first tier evicts ``key`` (from any thread)."""
+        top = self.tier_names[0]
+
+        def relay(tier: str, key: CacheEngineKey) -> None:
+            if tier == top:
+                listener(key)
+
+        self.hierarchy.add_eviction_listener(relay)
+
+    def pin_top(self, keys: Sequence[CacheEngineKey]) -> list[object | None]:
+        """Pin ``keys`` in the first tier (``None`` where absent or not pinnable)."""
+        return self.hierarchy.tiers[0].pin_many(keys)
+
+    def unpin_top(self, handles: Sequence[object]) -> None:
+        self.hierarchy.tiers[0].unpin_many(handles)
+
+    def get_into_memory(self, keys: Sequence[CacheEngineKey], outs: Sequence[Any]) -> list[bool]:
+        """Loads served by the first tier from the calling thread only (a miss there is a
+        miss: never a wait on a slower tier)."""
+        res = self.hierarchy.try_batched_get_into_threadsafe(keys, outs)
+        if res is None:
+            return [False] * len(keys)
+        return [bool(r) for r in res]
+
+    # ------------------------------------------------------------------ blocking calls
     def lookup(self, keys: Sequence[CacheEngineKey], lease_s: float | None = None) -> Lookup:
-        """How many leading ``keys`` some tier holds (pinned for ``lease_s`` when given)."""
+        """How many leading ``keys`` some tier holds (pinned for ``lease_s`` when given).
+
+        Blocking: answered in the calling thread when every tier asked can answer from a
+        thread (``cpu``), else in one hop to the IO loop (SyncBackend's fast path)."""
         if not keys:
             return Lookup(0, ())
-        res = self.sync.io.run(
-            self.hierarchy.lookup_prefix(keys, lease_s=lease_s), self.sync.timeout
+        res = self.sync.lookup_prefix(keys, lease_s=lease_s)
+        return Lookup(
+            res.num_hit,
+            tuple(res.tier_of(i) for i in range(res.num_hit)),
+            tuple(pinned_keys(keys, res)),
         )
-        return Lookup(res.num_hit, tuple(res.tier_of(i) for i in range(res.num_hit)))
 
-    def release(self, keys: Sequence[CacheEngineKey]) -> None:
-        """End the leases :meth:`lookup` took on ``keys``."""
-        if keys:
-            self.sync.io.run(self.hierarchy.release(keys), self.sync.timeout)
+    def release(self, keys: Sequence[CacheEngineKey]) -> int:
+        """End one lease per key (pass only keys a lookup pinned, e.g. ``Lookup.pinned``);
+        how many ended. Blocking, through SyncBackend's thread-safe fast path when the
+        tiers allow."""
+        return self.sync.release(keys) if keys else 0
 
     def get_into(self, keys: Sequence[CacheEngineKey], outs: Sequence[Any]) -> list[bool]:
         """Load each key into its buffer; ``False`` for a miss (never raises for a miss)."""
@@ -112,6 +170,54 @@ class Storage:
     def put(self, keys: Sequence[CacheEngineKey], values: Sequence[Any]) -> list[bool]:
         """Store the chunks (copied: the caller may reuse the buffers afterwards)."""
         return self.sync.batched_put(keys, values)
+
+    # ------------------------------------------------------------------ background calls
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run ``coro`` on the IO loop without waiting."""
+        return self.sync.io.submit(coro)
+
+    def lookup_ranks(
+        self, keys_by_rank: Sequence[Sequence[CacheEngineKey]], lease_s: float | None
+    ) -> concurrent.futures.Future[list[PrefixLookup]]:
+        """One background prefix lookup per rank's key list, all at once."""
+
+        async def run() -> list[PrefixLookup]:
+            return list(
+                await asyncio.gather(
+                    *(self.hierarchy.lookup_prefix(k, lease_s=lease_s) for k in keys_by_rank)
+                )
+            )
+
+        return self.submit(run())
+
+    def release_soon(self, keys: Sequence[CacheEngineKey]) -> None:
+        """End leases on ``keys`` (only keys a lookup pinned) without waiting: in the
+        calling thread when the tiers' pins allow it (no event-loop hop), else on the IO
+        loop in the background. Never raises."""
+        if not keys:
+            return
+        keys = list(keys)
+        if not self.sync.io.in_loop_thread():
+            try:
+                if self.hierarchy.try_release_threadsafe(keys) is not None:
+                    return
+            except Exception as exc:  # fall back to the loop, which logs what it finds
+                log.debug("thread-safe release failed (%s); releasing on the IO loop", exc)
+        try:
+            self.submit(self.hierarchy.release(keys))
+        except RuntimeError:  # the IO loop has stopped: the leases ended with it
+            pass
+
+    def get_into_async(
+        self, keys: Sequence[CacheEngineKey], outs: Sequence[Any]
+    ) -> concurrent.futures.Future[list[bool]]:
+        """Background ``batched_get_into`` through every tier."""
+        return self.submit(self.hierarchy.batched_get_into(list(keys), list(outs)))
+
+    def put_async(self, key: CacheEngineKey, value: Any) -> concurrent.futures.Future[bool]:
+        """Background store (into the first tier, then down by policy); ``True`` once the
+        first tier holds it. ``value`` must stay untouched until the future is done."""
+        return self.submit(self.hierarchy.put(key, value))
 
     def stats(self) -> dict[str, Any]:
         return self.hierarchy.stats()

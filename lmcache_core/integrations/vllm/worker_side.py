@@ -1,12 +1,18 @@
 """The worker-side half of the connector (one per tensor-parallel rank, in vLLM's worker
 process): it owns this rank's storage hierarchy, loads hit chunks into vLLM's paged KV
-cache before the forward pass and stores newly computed chunks after it.
+cache and stores computed chunks.
 
-Loads and saves go through reused staging buffers (``[layers, blocks_per_chunk,
-*block]``, bounded by ``max_staging_bytes``). A chunk that fails to load on any rank
-(missing, evicted by another process, corrupted) fails on every rank — the ranks agree
-through one small all-reduce — so its blocks are reported to vLLM for recomputation and
-nothing computed from it in that step is saved.
+* **Loads before the forward pass** (``start_load_kv``) only of chunks the scheduler knows
+  are in this worker's memory tier, served from the calling thread; a chunk that fails on
+  any rank fails on every rank (one small all-reduce), its blocks are reported to vLLM.
+* **Background loads** (:mod:`.loads`) for every other hit, reported through
+  ``get_finished``.
+* **Saves** (:mod:`.saves`): gathered into bounded staging memory inside the step, stored
+  in the background. A save whose computation read a block that failed to load (in this
+  step, or in one the scheduler had not heard of when it planned the save) is dropped.
+* Under ``kv_load_failure_policy: fail`` every chunk reported as stored stays pinned in
+  the memory tier until the scheduler has acknowledged it no longer offers it, so a
+  promised chunk cannot be evicted before its load.
 """
 
 from __future__ import annotations
@@ -14,15 +20,19 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from ...keys import CacheEngineKey
 from .context import ConnectorContext
 from .layout import BlockCopier, UnsupportedModel, check_attention_backends
-from .metadata import ChunkLoad, ChunkSave, StepMetadata, WorkerReport
+from .loads import AsyncLoads
+from .metadata import ChunkLoad, StepMetadata, WorkerReport
+from .saves import SaveItem, SaveQueue
+from .staging import ChunkBuffers
 from .stats_file import write_stats
 from .storage import Storage
 
@@ -30,7 +40,12 @@ __all__ = ["WorkerSide"]
 
 log = logging.getLogger("vllm.lmcache_core.connector")
 
-LEASE_S = 60.0
+#: Pinned (offered) chunks may fill at most this fraction of the memory tier under
+#: policy ``fail``; beyond it the oldest are withdrawn.
+OFFERED_FRACTION = 0.75
+#: Withdrawal picks, among this many least recently used offered chunks per victim, the
+#: ones furthest into their prompt (a prefix without its first chunk is useless).
+WITHDRAW_WINDOW = 4
 
 
 @dataclass
@@ -40,18 +55,14 @@ class _Counters:
     loaded_bytes: int = 0
     loaded_tokens_by_tier: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     failed_chunks: int = 0
-    saved_chunks: int = 0
-    saved_bytes: int = 0
-    rejected_saves: int = 0
     skipped_saves: int = 0
     load_seconds: float = 0.0
-    save_seconds: float = 0.0
     lookup_seconds: float = 0.0
     read_seconds: float = 0.0
     scatter_seconds: float = 0.0
-    gather_seconds: float = 0.0
-    write_seconds: float = 0.0
     steps_with_loads: int = 0
+    dropped_at_close: int = 0
+    withdrawn: int = 0
 
 
 class WorkerSide:
@@ -65,15 +76,26 @@ class WorkerSide:
         self.rank = 0
         self.copier: BlockCopier | None = None
         self.storage: Storage | None = None
+        self.saves: SaveQueue | None = None
+        self.loads: AsyncLoads | None = None
         self.db: Any = None
         self.counters = _Counters()
-        self._staging: list[torch.Tensor] = []
-        self._max_staging = 1
+        self._sync_buffers: ChunkBuffers | None = None
         self._errors: set[int] = set()
-        self._failed_reqs: dict[str, int] = {}
+        self._failed_at: dict[int, int] = {}  # block -> step of its failed load
         self._report = WorkerReport()
         self._reported_disabled = False
         self._dirty = False
+        self._step = -1
+        self._evicted: list[int] = []
+        self._fail_policy = ctx.failure_policy != "recompute"
+        self._report_stored = True
+        self._offered: OrderedDict[int, tuple[object, int]] = OrderedDict()  # handle, chunk
+        self._withdrawing: dict[int, object] = {}
+        self._pinned_limit = 0
+        self._pending_finish: set[str] = set()
+        self._to_release: set[int] = set()
+        self._unstarted: dict[str, list[ChunkLoad]] = {}
 
     # ------------------------------------------------------------------ set-up
     def _tp_rank(self) -> int:
@@ -121,23 +143,59 @@ class WorkerSide:
             self._disable(str(exc))
             return
         self.db = ctx.db.for_worker(self.rank, ctx.world_size)
-        chunk_bytes = self.copier.block_nbytes * ctx.blocks_per_chunk
-        self._max_staging = max(1, ctx.settings.options.max_staging_bytes // chunk_bytes)
-        self.storage = Storage(
-            ctx.storage_config, ctx.namespace, timeout_s=ctx.settings.options.io_timeout_s
-        )
+        self.storage = Storage(ctx.storage_config, ctx.namespace)
+        self._open_transfers()
+        copier, storage = self.copier, self.storage
         log.info(
             "LMCacheCoreConnector worker side: pid=%d rank=%d/%d layers=%d chunk=%s %s "
-            "(%.1f KiB) tiers=%s",
+            "(%.1f KiB, %s) tiers=%s",
             os.getpid(),
             self.rank,
             ctx.world_size,
-            self.copier.num_layers,
-            list(self.copier.chunk_shape(ctx.blocks_per_chunk)),
-            self.copier.dtype,
-            chunk_bytes / 1024,
-            list(self.storage.tier_names),
+            copier.num_layers,
+            list(copier.chunk_shape(ctx.blocks_per_chunk)),
+            copier.dtype,
+            copier.block_nbytes * ctx.blocks_per_chunk / 1024,
+            "one copy for all layers" if copier.one_view else "one copy per layer",
+            list(storage.tier_names),
         )
+
+    def _open_transfers(self) -> None:
+        assert self.copier is not None and self.storage is not None
+        opts = self.ctx.settings.options
+        shape = self.copier.chunk_shape(self.ctx.blocks_per_chunk)
+        chunk_bytes = self.copier.block_nbytes * self.ctx.blocks_per_chunk
+        n = max(4, opts.max_staging_bytes // chunk_bytes)
+        self._sync_buffers = ChunkBuffers(shape, self.copier.dtype, n // 4)
+        self.loads = AsyncLoads(
+            self.storage,
+            ChunkBuffers(shape, self.copier.dtype, n // 4),
+            self.copier,
+            deadline_s=opts.load_deadline_s,
+            block_nbytes=self.copier.block_nbytes,
+        )
+        self._report_stored = self.storage.top_is_private_memory
+        pin = self._fail_policy and self._report_stored
+        self.saves = SaveQueue(
+            self.storage,
+            ChunkBuffers(shape, self.copier.dtype, n - 2 * (n // 4)),
+            self.copier,
+            after_store=self._pin_stored if pin else None,
+        )
+        if pin:
+            cap = self.storage.top_max_bytes
+            self._pinned_limit = (
+                max(1, int(cap * OFFERED_FRACTION) // chunk_bytes) if cap else 1 << 30
+            )
+        if self._report_stored:
+            self.storage.on_top_eviction(self._on_evicted)
+
+    def _pin_stored(self, key: CacheEngineKey) -> object | None:
+        assert self.storage is not None
+        return self.storage.pin_top([key])[0]
+
+    def _on_evicted(self, key: CacheEngineKey) -> None:
+        self._evicted.append(key.chunk_hash)  # any thread: list.append is atomic
 
     def _disable(self, reason: str) -> None:
         self.disabled = reason
@@ -146,18 +204,55 @@ class WorkerSide:
         )
         self._report.disabled[self.rank] = reason
 
-    def _buffers(self, n: int) -> list[torch.Tensor]:
-        assert self.copier is not None
-        shape = self.copier.chunk_shape(self.ctx.blocks_per_chunk)
-        while len(self._staging) < n:
-            self._staging.append(torch.empty(shape, dtype=self.copier.dtype))
-        return self._staging[:n]
+    # ------------------------------------------------------------------ step start
+    def handle_preemptions(self, meta: StepMetadata) -> None:
+        """Blocks of preempted requests are reused from this step on: every gather still
+        reading them must be complete (asynchronous only on CUDA)."""
+        if meta.preempted and self.saves is not None:
+            self.saves.wait_gathers()
+
+    def _begin(self, meta: StepMetadata) -> None:
+        if meta.step <= self._step:
+            return
+        self._step = meta.step
+        self._dirty = True
+        if self._failed_at:
+            self._failed_at = {b: s for b, s in self._failed_at.items() if s > meta.acked}
+        if meta.finish_after_save:
+            self._pending_finish.update(meta.finish_after_save)
+
+    def start_load(self, meta: StepMetadata) -> None:
+        self._begin(meta)
+        if meta.failed_blocks:
+            self._errors.update(meta.failed_blocks)
+            for b in meta.failed_blocks:
+                self._failed_at[b] = meta.step
+        if meta.loads:
+            self._load_sync(meta)
+        for req_id, loads in meta.async_loads.items():
+            if self.disabled or self.loads is None:
+                self._unstarted[req_id] = loads  # reported as failed in get_finished
+                continue
+            self.loads.start(req_id, loads, [self.db.make_key(ld.chunk_hash) for ld in loads])
+        self._release(meta)
+
+    def _release(self, meta: StepMetadata | None) -> None:
+        """Unpin the chunks the scheduler no longer offers, except those a background
+        load still reads (planned before the scheduler stopped offering them)."""
+        if meta is not None:
+            self._to_release.update(meta.release.get(self.rank, ()))
+        if not self._to_release or self.storage is None:
+            return
+        busy = self.loads.hashes_in_use() if self.loads is not None else set()
+        ready = [x for x in self._to_release if x not in busy]
+        self._to_release.difference_update(ready)
+        handles = [h for h in (self._withdrawing.pop(x, None) for x in ready) if h is not None]
+        if handles:
+            self.storage.unpin_top(handles)
 
     # ------------------------------------------------------------------ loads
-    def start_load(self, meta: StepMetadata) -> None:
+    def _load_sync(self, meta: StepMetadata) -> None:
         loads = meta.loads
-        if not loads:
-            return
         t0 = time.perf_counter()
         ok = [False] * len(loads)
         if not self.disabled:
@@ -167,69 +262,70 @@ class WorkerSide:
                 log.exception("LMCacheCoreConnector: loading failed; the chunks are recomputed")
                 ok = [False] * len(loads)
         ok = self._agree(ok)
+        c = self.counters
         first_fail: dict[str, int] = {}
         for load, good in zip(loads, ok, strict=True):
             if not good:
                 self._errors.update(load.block_ids)
+                for b in load.block_ids:
+                    self._failed_at[b] = meta.step
                 first_fail[load.req_id] = min(
                     load.chunk_index, first_fail.get(load.req_id, load.chunk_index)
                 )
-        self._failed_reqs = first_fail
         self._report.failed_loads.update(first_fail)
-        c = self.counters
         c.failed_chunks += sum(1 for g in ok if not g)
         c.steps_with_loads += 1
         c.load_seconds += time.perf_counter() - t0
-        self._dirty = True
 
     def _load(self, loads: list[ChunkLoad]) -> list[bool]:
         assert self.copier is not None and self.storage is not None
+        assert self._sync_buffers is not None
         keys = [self.db.make_key(ld.chunk_hash) for ld in loads]
-        # Pin every chunk of the step before reading any (a promotion from a lower tier
-        # must not evict a chunk a later request of this step needs).
-        tiers: list[str | None] = [None] * len(loads)
-        by_req: dict[str, list[int]] = defaultdict(list)
-        for i, ld in enumerate(loads):
-            by_req[ld.req_id].append(i)
-        leased = []
-        c = self.counters
-        t0 = time.perf_counter()
-        for idxs in by_req.values():
-            found = self.storage.lookup([keys[i] for i in idxs], lease_s=LEASE_S)
-            for j, i in enumerate(idxs[: found.num_hit]):
-                tiers[i] = found.tiers[j]
-                leased.append(keys[i])
-        c.lookup_seconds += time.perf_counter() - t0
         ok = [False] * len(loads)
-        try:
-            todo = [i for i in range(len(loads)) if tiers[i] is not None]
-            for s in range(0, len(todo), self._max_staging):
-                batch = todo[s : s + self._max_staging]
-                bufs = self._buffers(len(batch))
+        c = self.counters
+        events = []
+        i = 0
+        while i < len(loads):
+            bufs = self._sync_buffers.take_many(len(loads) - i)
+            if not bufs:  # pragma: no cover - the pool always has at least one
+                break
+            batch = list(range(i, i + len(bufs)))
+            try:
                 t1 = time.perf_counter()
-                hits = self.storage.get_into([keys[i] for i in batch], bufs)
+                hits = self.storage.get_into_memory([keys[j] for j in batch], bufs)
                 t2 = time.perf_counter()
-                for i, buf, hit in zip(batch, bufs, hits, strict=True):
+                for j, buf, hit in zip(batch, bufs, hits, strict=True):
                     if not hit:
                         continue
-                    ld = loads[i]
+                    ld = loads[j]
                     n = len(ld.block_ids)
-                    self.copier.scatter(buf[:, ld.skip : ld.skip + n], ld.block_ids)
-                    ok[i] = True
+                    events.append(
+                        self.copier.scatter_from_host(buf[:, ld.skip : ld.skip + n], ld.block_ids)
+                    )
+                    ok[j] = True
+                if any(e is not None for e in events):
+                    for e in events:  # the buffers are reused next: the copies must be done
+                        if e is not None:
+                            e.synchronize()
                 c.read_seconds += t2 - t1
                 c.scatter_seconds += time.perf_counter() - t2
-        finally:
-            self.storage.release(leased)
+            finally:
+                for buf in bufs:
+                    self._sync_buffers.give(buf)
+            i += len(bufs)
         bs = self.ctx.block_size
         missing = []
-        for i, ld in enumerate(loads):
-            if ok[i]:
+        for j, ld in enumerate(loads):
+            if ok[j]:
                 c.loaded_chunks += 1
                 c.loaded_tokens += len(ld.block_ids) * bs
                 c.loaded_bytes += len(ld.block_ids) * self.copier.block_nbytes
-                c.loaded_tokens_by_tier[str(tiers[i])] += len(ld.block_ids) * bs
+                c.loaded_tokens_by_tier[self.storage.tier_names[0]] += len(ld.block_ids) * bs
             else:
                 missing.append(ld.chunk_hash)
+        for ld in reversed(loads):  # the first chunk of a prompt is the most recently used
+            if ld.chunk_hash in self._offered:
+                self._offered.move_to_end(ld.chunk_hash)
         if missing:
             self._report.missing.setdefault(self.rank, []).extend(missing)
         return ok
@@ -247,50 +343,116 @@ class WorkerSide:
 
     # ------------------------------------------------------------------ saves
     def save(self, meta: StepMetadata) -> None:
-        saves = [s for s in meta.saves if s.req_id not in self._failed_reqs]
-        self.counters.skipped_saves += len(meta.saves) - len(saves)
-        self._failed_reqs = {}
-        if not saves or self.disabled:
+        self._begin(meta)
+        if not meta.saves:
             return
-        assert self.copier is not None and self.storage is not None
-        t0 = time.perf_counter()
+        failed = self._failed_at
+        saves = [s for s in meta.saves if not (failed and any(b in failed for b in s.reads))]
+        self.counters.skipped_saves += len(meta.saves) - len(saves)
+        if not saves or self.disabled or self.saves is None:
+            return
+        items = [
+            SaveItem(
+                self.db.make_key(s.chunk_hash), s.chunk_hash, s.req_id, s.chunk_index, s.block_ids
+            )
+            for s in saves
+        ]
         try:
-            self._save(saves)
+            dropped = self.saves.submit(items)
         except Exception:
             log.exception("LMCacheCoreConnector: saving failed; these chunks are not cached")
-        self.counters.save_seconds += time.perf_counter() - t0
-        self._dirty = True
-
-    def _save(self, saves: list[ChunkSave]) -> None:
-        assert self.copier is not None and self.storage is not None
-        stored = []
-        for s in range(0, len(saves), self._max_staging):
-            batch = saves[s : s + self._max_staging]
-            bufs = self._buffers(len(batch))
-            t0 = time.perf_counter()
-            for sv, buf in zip(batch, bufs, strict=True):
-                self.copier.gather(sv.block_ids, buf)
-            t1 = time.perf_counter()
-            res = self.storage.put([self.db.make_key(sv.chunk_hash) for sv in batch], bufs)
-            self.counters.gather_seconds += t1 - t0
-            self.counters.write_seconds += time.perf_counter() - t1
-            for sv, good, buf in zip(batch, res, bufs, strict=True):
-                if good:
-                    stored.append(sv.chunk_hash)
-                    self.counters.saved_chunks += 1
-                    self.counters.saved_bytes += buf.numel() * buf.element_size()
-                else:
-                    self.counters.rejected_saves += 1
-        if stored:
-            self._report.stored.setdefault(self.rank, []).extend(stored)
+            dropped = items
+        for it in dropped:
+            d = self._report.dropped_saves
+            d[it.req_id] = min(it.chunk_index, d.get(it.req_id, it.chunk_index))
 
     # ------------------------------------------------------------------ results
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        recving: set[str] = set()
+        if self.loads is not None:
+            if finished_req_ids:
+                self.loads.cancel(finished_req_ids)
+            out = self.loads.poll()
+            recving = out.finished
+            if out.failed_blocks:
+                self._errors.update(out.failed_blocks)
+                for b in out.failed_blocks:
+                    self._failed_at[b] = self._step
+            self._report.async_failed.update(out.failed_chunks)
+            if out.missing_hashes:
+                self._report.missing.setdefault(self.rank, []).extend(out.missing_hashes)
+            if recving or out.failed_chunks:
+                self._dirty = True
+        if self._to_release and recving:
+            self._release(None)
+        # Loads the worker could not even start (disabled) end at once, all failed.
+        for req_id, loads in self._unstarted.items():
+            for ld in loads:
+                self._errors.update(ld.block_ids)
+                for b in ld.block_ids:
+                    self._failed_at[b] = self._step
+            self._report.async_failed[req_id] = sorted({ld.chunk_index for ld in loads})
+            recving.add(req_id)
+        self._unstarted.clear()
+        sending = {
+            r for r in self._pending_finish if self.saves is None or self.saves.gathered_for(r)
+        }
+        self._pending_finish -= sending
+        return sending or None, recving or None
+
     def take_errors(self) -> set[int]:
         errors, self._errors = self._errors, set()
         return errors
 
+    def _collect_stores(self) -> None:
+        if self.saves is None:
+            return
+        stored = self.saves.take_stored()
+        if stored and self._report_stored:
+            hashes = []
+            # Later chunks first: of chunks stored together, the first of a prompt is then
+            # the most recently used, the last to be withdrawn.
+            for h, chunk, handle in sorted(stored, key=lambda x: -x[1]):
+                hashes.append(h)
+                if handle is None:
+                    continue
+                # Stored again: the new entry replaced the one pinned before (which the
+                # store left pinned but unreachable): keep the pin on the new one.
+                prev = self._offered.pop(h, None)
+                old = prev[0] if prev is not None else self._withdrawing.pop(h, None)
+                if old is not None:
+                    assert self.storage is not None
+                    self.storage.unpin_top([old])
+                self._offered[h] = (handle, chunk)
+            self._report.stored.setdefault(self.rank, []).extend(hashes)
+        for req_id, idx in self.saves.take_refused():
+            d = self._report.dropped_saves
+            d[req_id] = min(idx, d.get(req_id, idx))
+        self._withdraw_excess()
+
+    def _withdraw_excess(self) -> None:
+        """Under policy ``fail``: ask the scheduler to stop offering the least useful
+        pinned chunks once they exceed their share of the memory tier."""
+        excess = len(self._offered) + len(self._withdrawing) - self._pinned_limit
+        if excess <= 0 or not self._offered:
+            return
+        window = list(self._offered.items())[: excess * WITHDRAW_WINDOW]
+        window.sort(key=lambda item: -item[1][1])
+        out = []
+        for h, (handle, _) in window[:excess]:
+            del self._offered[h]
+            self._withdrawing[h] = handle
+            out.append(h)
+        self.counters.withdrawn += len(out)
+        self._report.withdrawn.setdefault(self.rank, []).extend(out)
+
     def take_report(self) -> WorkerReport | None:
+        self._collect_stores()
+        if self._evicted:
+            evicted, self._evicted = self._evicted, []
+            self._report.evicted.setdefault(self.rank, []).extend(evicted)
         report, self._report = self._report, WorkerReport()
+        report.step = self._step
         if report.disabled and self._reported_disabled:
             report.disabled = {}
         if report.disabled:
@@ -300,33 +462,76 @@ class WorkerSide:
             self.write_stats()
         return None if report.is_empty() else report
 
+    def _tokens_by_tier(self) -> dict[str, int]:
+        out = dict(self.counters.loaded_tokens_by_tier)
+        if self.loads is not None:
+            for tier, blocks in self.loads.loaded_blocks_by_tier.items():
+                out[tier] = out.get(tier, 0) + blocks * self.ctx.block_size
+        return out
+
+    def _rates(self) -> dict[str, dict[str, float]]:
+        """Bytes loaded and seconds spent, per tier: loads before the forward pass (read
+        + scatter) and background loads (first read to reported done), the latter by the
+        tier of each request's deepest chunk."""
+        c = self.counters
+        out: dict[str, dict[str, float]] = {}
+        if c.loaded_bytes and self.storage is not None:
+            out[self.storage.tier_names[0]] = {
+                "bytes": float(c.loaded_bytes),
+                "seconds": c.read_seconds + c.scatter_seconds,
+            }
+        if self.loads is not None:
+            for tier, (nbytes, seconds) in self.loads.rate_by_tier.items():
+                acc = out.setdefault(tier, {"bytes": 0.0, "seconds": 0.0})
+                acc["bytes"] += nbytes
+                acc["seconds"] += seconds
+        return out
+
     def stats(self) -> dict[str, Any]:
         c = self.counters
+        sv, ld = self.saves, self.loads
         d: dict[str, Any] = {
             "role": "worker",
             "pid": os.getpid(),
             "rank": self.rank,
             "world_size": self.ctx.world_size,
             "disabled": self.disabled,
-            "loaded_chunks": c.loaded_chunks,
-            "loaded_tokens": c.loaded_tokens,
-            "loaded_bytes": c.loaded_bytes,
-            "loaded_tokens_by_tier": dict(c.loaded_tokens_by_tier),
-            "failed_chunks": c.failed_chunks,
-            "saved_chunks": c.saved_chunks,
-            "saved_bytes": c.saved_bytes,
-            "rejected_saves": c.rejected_saves,
+            "one_copy_per_chunk": bool(self.copier and self.copier.one_view),
+            "loaded_chunks": c.loaded_chunks + (ld.loaded_chunks if ld is not None else 0),
+            "loaded_tokens": sum(self._tokens_by_tier().values()),
+            "loaded_bytes": c.loaded_bytes + (ld.loaded_bytes if ld is not None else 0),
+            "loaded_tokens_by_tier": self._tokens_by_tier(),
+            "load_rate_by_tier": self._rates(),
+            "failed_chunks": c.failed_chunks + (ld.failed_chunks if ld is not None else 0),
+            "sync_loaded_chunks": c.loaded_chunks,
+            "async_loaded_chunks": ld.loaded_chunks if ld is not None else 0,
+            "async_loaded_bytes": ld.loaded_bytes if ld is not None else 0,
+            "async_load_deadline_misses": ld.deadline_misses if ld is not None else 0,
+            "async_loads_running": ld.active if ld is not None else 0,
+            "async_load_throughput": [list(x) for x in ld.throughput[-64:]]
+            if ld is not None
+            else [],
+            "saved_chunks": sv.stored if sv is not None else 0,
+            "saved_bytes": sv.stored_bytes if sv is not None else 0,
+            "gathered_chunks": sv.gathered if sv is not None else 0,
+            "rejected_saves": sv.refused if sv is not None else 0,
+            "dropped_saves_staging_full": sv.dropped_full if sv is not None else 0,
             "skipped_saves": c.skipped_saves,
+            "pending_saves": sv.pending if sv is not None else 0,
+            "dropped_saves_at_close": c.dropped_at_close,
+            "offered_pinned": len(self._offered),
+            "withdrawn": c.withdrawn,
             "load_seconds": round(c.load_seconds, 6),
-            "save_seconds": round(c.save_seconds, 6),
+            "save_seconds": round(sv.gather_seconds, 6) if sv is not None else 0.0,
             "load_breakdown_seconds": {
                 "lookup": round(c.lookup_seconds, 6),
                 "read": round(c.read_seconds, 6),
                 "scatter": round(c.scatter_seconds, 6),
+                "async_scatter": round(ld.scatter_seconds, 6) if ld is not None else 0.0,
             },
             "save_breakdown_seconds": {
-                "gather": round(c.gather_seconds, 6),
-                "write": round(c.write_seconds, 6),
+                "gather": round(sv.gather_seconds, 6) if sv is not None else 0.0,
+                "write": round(sv.store_seconds, 6) if sv is not None else 0.0,
             },
         }
         if self.storage is not None:
@@ -342,6 +547,13 @@ class WorkerSide:
             write_stats(stats_dir, f"worker{self.rank}-{os.getpid()}.json", self.stats())
 
     def close(self) -> None:
+        """Finish queued saves up to the storage's ``drain_timeout_s`` (the rest are
+        counted as dropped), then close the storage."""
+        if self.loads is not None:
+            self.loads.abandon_all()
+        if self.saves is not None and self.storage is not None:
+            self.counters.dropped_at_close += self.saves.drain(self.storage.drain_timeout_s)
+            self._collect_stores()
         self.write_stats()
         if self.storage is not None:
             self.storage.close()

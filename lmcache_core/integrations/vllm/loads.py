@@ -1,0 +1,303 @@
+"""A worker's background loads (vLLM's ``load_async``).
+
+A request whose hit includes chunks outside the worker's memory tier is not scheduled
+until its KV is in place (vLLM keeps it in ``WAITING_FOR_REMOTE_KVS``). A job first looks
+its chunks up in the worker's hierarchy (pinning them where the tier can pin, and
+learning which tier holds each; chunks after the first one missing fail at once), then
+fetches each chunk on the storage's IO loop into a staging buffer and, as soon as that
+chunk has arrived, copies it into the request's blocks in a helper thread — so copies
+overlap the reads still running, and the engine's steps never wait for either. Each
+step's :meth:`AsyncLoads.poll` (from ``get_finished``) collects what is done, starts
+fetches as staging buffers come back, and reports the requests whose load is over.
+
+Blocks are written only while their load is live: vLLM keeps them allocated until the
+request is reported. A load still running ``deadline_s`` after it started is abandoned
+under the job's lock: no copy into vLLM's blocks starts afterwards (one already running
+finishes first), its unfinished chunks fail (their blocks are recomputed), and its
+buffers come back only once the reads really end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ...hierarchy import PrefixLookup
+from ...keys import CacheEngineKey
+from .layout import BlockCopier
+from .metadata import ChunkLoad
+from .staging import ChunkBuffers
+from .storage import Storage, pinned_keys
+
+__all__ = ["AsyncLoads", "LoadOutcome"]
+
+
+@dataclass
+class _Job:
+    req_id: str
+    loads: list[ChunkLoad]
+    keys: list[CacheEngineKey]
+    started: float
+    first_read: float | None = None
+    lookup: concurrent.futures.Future[PrefixLookup] | None = None
+    tiers: list[str] = field(default_factory=list)
+    limit: int = 0  # chunks found by the lookup (the others fail)
+    pinned: list[CacheEngineKey] = field(default_factory=list)  # released when over
+    next: int = 0  # next chunk to fetch
+    running: int = 0  # fetches in flight
+    done: list[tuple[int, bool]] = field(default_factory=list)  # (chunk, loaded), any thread
+    loaded: set[int] = field(default_factory=set)
+    failed: list[int] = field(default_factory=list)  # indices into loads
+    absent: list[int] = field(default_factory=list)  # failed because not found / unreadable
+    cancelled: bool = False
+    closed: bool = False  # set under lock: no copy into vLLM's blocks may start
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    loaded_bytes: int = 0
+    last_fetch: float = 0.0  # when the last fetch completed (any thread)
+
+    def over(self) -> bool:
+        return self.lookup is None and self.next >= len(self.loads) and self.running == 0
+
+
+@dataclass
+class LoadOutcome:
+    """What :meth:`AsyncLoads.poll` finished: requests, their failed blocks and chunks."""
+
+    finished: set[str] = field(default_factory=set)
+    failed_blocks: set[int] = field(default_factory=set)
+    failed_chunks: dict[str, list[int]] = field(default_factory=dict)
+    missing_hashes: list[int] = field(default_factory=list)
+
+
+class AsyncLoads:
+    """Background loads of whole requests (see the module docstring)."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        buffers: ChunkBuffers,
+        copier: BlockCopier,
+        *,
+        deadline_s: float,
+        block_nbytes: int,
+    ) -> None:
+        self.storage = storage
+        self.buffers = buffers
+        self.copier = copier
+        self.deadline_s = deadline_s
+        self.block_nbytes = block_nbytes
+        self._jobs: dict[str, _Job] = {}
+        self.loaded_chunks = 0
+        self.loaded_bytes = 0
+        self.failed_chunks = 0
+        self.deadline_misses = 0
+        self.loaded_blocks_by_tier: dict[str, int] = {}
+        self.scatter_seconds = 0.0
+        self._stats_lock = threading.Lock()  # scatters run in helper threads
+        #: per request: bytes, seconds from the first read to the poll reporting it
+        #: finished, and to the last chunk in place
+        self.throughput: list[tuple[int, float, float]] = []
+        #: tier -> [bytes, seconds] of finished loads, by the tier of their deepest chunk
+        self.rate_by_tier: dict[str, list[float]] = {}
+
+    @property
+    def active(self) -> int:
+        """Loads not over."""
+        return len(self._jobs)
+
+    def running(self) -> set[str]:
+        """Requests whose load is not over."""
+        return set(self._jobs)
+
+    def hashes_in_use(self) -> set[int]:
+        """Chunk hashes of the loads not over."""
+        return {ld.chunk_hash for job in self._jobs.values() for ld in job.loads}
+
+    def start(self, req_id: str, loads: list[ChunkLoad], keys: list[CacheEngineKey]) -> None:
+        """Begin loading ``loads`` (one request's chunks, in order)."""
+        job = _Job(req_id, loads, keys, time.monotonic())
+        job.lookup = self.storage.submit(
+            self.storage.hierarchy.lookup_prefix(keys, lease_s=self.deadline_s + 30.0)
+        )
+        self._jobs[req_id] = job
+
+    def cancel(self, req_ids: set[str]) -> None:
+        """The requests finished (aborted): load nothing more into their blocks."""
+        for r in req_ids:
+            job = self._jobs.get(r)
+            if job is not None:
+                self._close(job)
+                job.cancelled = True
+                job.next = len(job.loads)
+
+    @staticmethod
+    def _close(job: _Job) -> None:
+        with job.lock:  # waits for a copy into vLLM's blocks already running
+            job.closed = True
+
+    def _looked_up(self, job: _Job) -> None:
+        assert job.lookup is not None
+        fut, job.lookup = job.lookup, None
+        try:
+            res = fut.result()
+            job.limit = res.num_hit
+            job.pinned = pinned_keys(job.keys, res)
+            job.tiers = [res.tier_of(i) for i in range(res.num_hit)]
+        except Exception:
+            job.limit = 0
+        if not job.cancelled and job.limit < len(job.loads):
+            job.failed.extend(range(job.limit, len(job.loads)))
+            job.absent.append(job.limit)  # the ones after it were not even tried
+
+    # ------------------------------------------------------------------ fetching
+    def _issue(self, job: _Job) -> None:
+        if job.lookup is not None or job.closed:
+            return
+        if job.next >= job.limit:
+            job.next = len(job.loads)
+            return
+        while job.next < job.limit:
+            buf = self.buffers.take()
+            if buf is None:
+                return
+            i = job.next
+            job.next += 1
+            job.running += 1
+            if job.first_read is None:
+                job.first_read = time.monotonic()
+            fut = self.storage.submit(self._fetch(job, i, buf))
+            fut.add_done_callback(self._on_fetched(job, i, buf))
+
+    async def _fetch(self, job: _Job, i: int, buf: torch.Tensor) -> bool:
+        if not await self.storage.hierarchy.get_into(job.keys[i], buf):
+            return False
+        return await asyncio.to_thread(self._scatter, job, i, buf)
+
+    def _scatter(self, job: _Job, i: int, buf: torch.Tensor) -> bool:
+        """Copy a fetched chunk into the request's blocks, unless the load is over."""
+        ld = job.loads[i]
+        n = len(ld.block_ids)
+        with job.lock:
+            if job.closed:
+                return False
+            t0 = time.perf_counter()
+            event = self.copier.scatter_from_host(buf[:, ld.skip : ld.skip + n], ld.block_ids)
+            if event is not None:
+                event.synchronize()
+            spent = time.perf_counter() - t0
+        with self._stats_lock:
+            self.scatter_seconds += spent
+        return True
+
+    def _on_fetched(
+        self, job: _Job, i: int, buf: torch.Tensor
+    ) -> Callable[[concurrent.futures.Future[bool]], None]:
+        def done(fut: concurrent.futures.Future[bool]) -> None:
+            ok = not fut.cancelled() and fut.exception() is None and bool(fut.result())
+            self.buffers.give(buf)
+            job.last_fetch = time.monotonic()
+            job.done.append((i, ok))  # list.append is atomic
+
+        return done
+
+    # ------------------------------------------------------------------ the step's side
+    def poll(self) -> LoadOutcome:
+        """Collect finished fetches, start more, abandon loads past their deadline, and
+        report the loads that are over."""
+        out = LoadOutcome()
+        now = time.monotonic()
+        for req_id, job in list(self._jobs.items()):
+            if job.lookup is not None and job.lookup.done():
+                self._looked_up(job)
+            while job.done:
+                i, ok = job.done.pop(0)
+                job.running -= 1
+                if job.cancelled:
+                    continue
+                if ok and not job.closed:
+                    job.loaded.add(i)
+                    n = len(job.loads[i].block_ids)
+                    job.loaded_bytes += n * self.block_nbytes
+                    self.loaded_chunks += 1
+                    tier = job.tiers[i] if i < len(job.tiers) else "?"
+                    self.loaded_blocks_by_tier[tier] = self.loaded_blocks_by_tier.get(tier, 0) + n
+                elif not ok:
+                    job.failed.append(i)
+                    job.absent.append(i)
+            if now - job.started > self.deadline_s and not job.over() and not job.closed:
+                self._abandon(job)
+            self._issue(job)
+            if job.over() or (job.closed and job.lookup is None):
+                del self._jobs[req_id]
+                self._finish(job, out)
+        return out
+
+    def _abandon(self, job: _Job) -> None:
+        """Past the deadline: no copy starts any more; what is not in place has failed."""
+        self._close(job)
+        if not job.cancelled:
+            self.deadline_misses += 1
+        if job.lookup is not None:
+            lookup, job.lookup = job.lookup, None
+            self._release_when_done(lookup, job.keys)
+            job.limit = 0
+        done = set(job.loaded) | set(job.failed)
+        job.failed.extend(i for i in range(len(job.loads)) if i not in done)
+        job.next = len(job.loads)
+
+    def _release_when_done(
+        self, fut: concurrent.futures.Future[PrefixLookup], keys: list[CacheEngineKey]
+    ) -> None:
+        storage = self.storage
+
+        def done(f: concurrent.futures.Future[PrefixLookup]) -> None:
+            if not f.cancelled() and f.exception() is None:
+                storage.release_soon(pinned_keys(keys, f.result()))
+
+        fut.add_done_callback(done)
+
+    def _finish(self, job: _Job, out: LoadOutcome) -> None:
+        out.finished.add(job.req_id)
+        self.storage.release_soon(job.pinned)
+        if job.cancelled:
+            return
+        failed = sorted(set(job.failed))
+        if failed:
+            chunks = sorted({job.loads[i].chunk_index for i in failed})
+            out.failed_chunks[job.req_id] = chunks
+            for i in failed:
+                out.failed_blocks.update(job.loads[i].block_ids)
+            out.missing_hashes.extend(job.loads[i].chunk_hash for i in sorted(set(job.absent)))
+            self.failed_chunks += len(chunks)
+        self.loaded_bytes += job.loaded_bytes
+        if job.first_read is not None and job.loaded_bytes:
+            seconds = time.monotonic() - job.first_read
+            self.throughput.append(
+                (job.loaded_bytes, seconds, max(0.0, job.last_fetch - job.first_read))
+            )
+            tier = job.tiers[-1] if job.tiers else "?"
+            acc = self.rate_by_tier.setdefault(tier, [0.0, 0.0])
+            acc[0] += job.loaded_bytes
+            acc[1] += seconds
+
+    def abandon_all(self) -> None:
+        """Give up every load (shutdown): no copy into vLLM's blocks starts afterwards."""
+        for job in self._jobs.values():
+            self._close(job)
+            job.cancelled = True
+            if job.lookup is not None:
+                self._release_when_done(job.lookup, job.keys)
+            else:
+                self.storage.release_soon(job.pinned)
+        self._jobs.clear()
+
+    def pending_fetches(self) -> Any:
+        """Fetches still running (tests)."""
+        return sum(job.running for job in self._jobs.values())

@@ -1,0 +1,175 @@
+"""Scheduler-side lookups in the shared tiers, off vLLM's scheduler loop.
+
+A lookup against a disk or remote tier can take milliseconds to seconds; vLLM's
+scheduler loop must not wait for it. :class:`ViewLookups` starts one background lookup
+per request covering every tensor-parallel rank at once, and answers "not yet" until it
+is done; one not done ``deadline_s`` after it started is abandoned (a miss, counted).
+Found chunks are pinned in their tier (where the tier can pin: a lease, across processes
+for a shared tier that supports it) until :meth:`ViewLookups.release`, so what the
+scheduler promises is still there when the worker loads it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ...hierarchy import PrefixLookup
+from ...keys import CacheEngineKey
+from .storage import Storage, pinned_keys
+
+__all__ = ["RankHits", "ViewLookups"]
+
+
+@dataclass
+class RankHits:
+    """Per rank: leading chunks found (from the chunk the lookup started at), and how
+    many of those leading ones are pinned."""
+
+    found: list[int]
+    pinned: list[int]
+
+
+@dataclass
+class _Pending:
+    future: concurrent.futures.Future[list[PrefixLookup]]
+    keys: list[list[CacheEngineKey]]
+    starts: list[int]
+    started: float
+    done_at: float | None = None
+    hits: RankHits | None = None
+    leased: list[CacheEngineKey] = field(default_factory=list)
+
+
+class ViewLookups:
+    """Background lookups keyed by request id (see the module docstring)."""
+
+    def __init__(self, view: Storage, *, deadline_s: float, lease_s: float, reuse_s: float):
+        self.view = view
+        self.deadline_s = deadline_s
+        self.lease_s = lease_s
+        self.reuse_s = reuse_s
+        self._pending: dict[str, _Pending] = {}
+        self.started = 0
+        self.deadline_misses = 0
+        self.errors = 0
+
+    def poll(
+        self, req_id: str, starts: Sequence[int], keys: Sequence[Sequence[CacheEngineKey]]
+    ) -> RankHits | None:
+        """Hits for ``keys`` (one list per rank, starting at chunk ``starts[rank]``), or
+        ``None`` while the lookup runs. A lookup past its deadline answers no hits.
+
+        A lookup started earlier for the request from the same or earlier chunks (see
+        :meth:`prefetch`) answers for later starts too."""
+        now = time.monotonic()
+        p = self._pending.get(req_id)
+        if p is not None and (
+            any(s < ps for s, ps in zip(starts, p.starts, strict=False))
+            or len(starts) != len(p.starts)
+            or (p.done_at is not None and now - p.done_at > self.reuse_s)
+        ):
+            self.release(req_id)
+            p = None
+        if p is None:
+            p = self._start(req_id, starts, keys, now)
+        hits = p.hits if p.hits is not None else self._answer(p, now)
+        if hits is None:
+            return None
+        return RankHits(
+            [max(0, ps + f - s) for ps, f, s in zip(p.starts, hits.found, starts, strict=True)],
+            [max(0, ps + f - s) for ps, f, s in zip(p.starts, hits.pinned, starts, strict=True)],
+        )
+
+    def prefetch(
+        self, req_id: str, starts: Sequence[int], keys: Sequence[Sequence[CacheEngineKey]]
+    ) -> None:
+        """Start the request's lookup now (when vLLM first sees it), so it is likely done
+        by the time vLLM asks."""
+        if req_id not in self._pending:
+            self._start(req_id, starts, keys, time.monotonic())
+
+    def _start(
+        self,
+        req_id: str,
+        starts: Sequence[int],
+        keys: Sequence[Sequence[CacheEngineKey]],
+        now: float,
+    ) -> _Pending:
+        fut = self.view.lookup_ranks([list(k) for k in keys], self.lease_s)
+        p = _Pending(fut, [list(k) for k in keys], list(starts), now)
+        self._pending[req_id] = p
+        self.started += 1
+        return p
+
+    def _answer(self, p: _Pending, now: float) -> RankHits | None:
+        keys = p.keys
+        if not p.future.done():
+            if now - p.started <= self.deadline_s:
+                return None
+            self.deadline_misses += 1
+            self._drop_later(p)  # its leases end when it completes
+            p.done_at = now
+            p.hits = RankHits([0] * len(keys), [0] * len(keys))
+            return p.hits
+        p.done_at = now
+        try:
+            results = p.future.result()
+        except Exception:
+            self.errors += 1
+            results = []
+        if len(results) != len(keys):
+            p.hits = RankHits([0] * len(keys), [0] * len(keys))
+            return p.hits
+        found, pinned = [], []
+        for res in results:
+            found.append(res.num_hit)
+            lead = 0
+            while lead < min(res.num_hit, len(res.pinned)) and res.pinned[lead]:
+                lead += 1
+            pinned.append(lead)
+        p.leased = _leased(p.keys, results)
+        p.hits = RankHits(found, pinned)
+        return p.hits
+
+    def _drop_later(self, p: _Pending) -> None:
+        """Forget a lookup still running; its leases end when it completes."""
+        view, keys = self.view, p.keys
+
+        def done(f: concurrent.futures.Future[list[PrefixLookup]]) -> None:
+            if not f.cancelled() and f.exception() is None:
+                view.release_soon(_leased(keys, f.result()))
+
+        p.future.add_done_callback(done)
+
+    def release(self, req_id: str) -> None:
+        """End the request's leases (its load is over, or it no longer needs them)."""
+        p = self._pending.pop(req_id, None)
+        if p is None:
+            return
+        if p.hits is not None:
+            self.view.release_soon(p.leased)
+        else:
+            self._drop_later(p)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests with a lookup kept (running or answered)."""
+        return len(self._pending)
+
+    def close(self) -> None:
+        for req_id in list(self._pending):
+            self.release(req_id)
+
+
+def _leased(
+    keys: Sequence[Sequence[CacheEngineKey]], results: Sequence[PrefixLookup]
+) -> list[CacheEngineKey]:
+    """The keys a lookup pinned (every rank's)."""
+    return [
+        k
+        for rank_keys, res in zip(keys, results, strict=False)
+        for k in pinned_keys(rank_keys, res)
+    ]

@@ -1,0 +1,172 @@
+"""A worker's saves: gathered inside the step, stored in the background.
+
+:meth:`SaveQueue.submit` runs in ``wait_for_save``: it takes a staging buffer (none
+free: the save is dropped and counted, never waited for), gathers the chunk's blocks of
+every layer into it (one copy per chunk; on CUDA an asynchronous copy on a side stream)
+and queues the store on the storage's IO loop. The step returns; the store into the
+first tier and the write-through to lower tiers run meanwhile. A chunk counts as stored
+(:meth:`take_stored`) only once the first tier holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...keys import CacheEngineKey
+from .layout import BlockCopier
+from .staging import ChunkBuffers
+from .storage import Storage
+
+__all__ = ["SaveItem", "SaveQueue"]
+
+
+@dataclass
+class SaveItem:
+    """One chunk to save: its key and hash, who planned it, and the blocks holding it."""
+
+    key: CacheEngineKey
+    chunk_hash: int
+    req_id: str
+    chunk_index: int
+    block_ids: list[int]
+
+
+class SaveQueue:
+    """Bounded background stores of gathered chunks (see the module docstring).
+
+    ``after_store(key)`` (optional) runs on the IO loop right after a successful store,
+    before any other store can evict the chunk (the connector pins it there under
+    policy ``fail``); it returns what :meth:`take_stored` hands back with the hash.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        buffers: ChunkBuffers,
+        copier: BlockCopier,
+        after_store: Callable[[CacheEngineKey], Any] | None = None,
+    ) -> None:
+        self.storage = storage
+        self.buffers = buffers
+        self.copier = copier
+        self.after_store = after_store
+        self._lock = threading.Lock()
+        self._stored: list[tuple[int, int, Any]] = []
+        self._refused: list[tuple[str, int]] = []
+        self._pending: dict[concurrent.futures.Future[Any], SaveItem] = {}
+        self._events: dict[str, list[Any]] = {}
+        self.gathered = 0
+        self.gathered_bytes = 0
+        self.stored = 0
+        self.stored_bytes = 0
+        self.dropped_full = 0
+        self.refused = 0
+        self.gather_seconds = 0.0
+        self.store_seconds = 0.0
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def submit(self, items: list[SaveItem]) -> list[SaveItem]:
+        """Gather and queue ``items``; returns those dropped for lack of a buffer."""
+        dropped = []
+        nbytes = self.buffers.nbytes
+        for item in items:
+            buf = self.buffers.take()
+            if buf is None:
+                dropped.append(item)
+                continue
+            t0 = time.perf_counter()
+            try:
+                event = self.copier.gather_to_host(item.block_ids, buf)
+            except BaseException:
+                self.buffers.give(buf)
+                raise
+            self.gather_seconds += time.perf_counter() - t0
+            self.gathered += 1
+            self.gathered_bytes += nbytes
+            if event is not None:
+                self._events.setdefault(item.req_id, []).append(event)
+            fut = self.storage.submit(self._store(item.key, buf, event))
+            with self._lock:
+                self._pending[fut] = item
+            fut.add_done_callback(self._on_done(buf))
+        self.dropped_full += len(dropped)
+        return dropped
+
+    async def _store(self, key: CacheEngineKey, buf: torch.Tensor, event: Any) -> tuple[bool, Any]:
+        if event is not None:
+            await asyncio.to_thread(event.synchronize)
+        t0 = time.perf_counter()
+        ok = await self.storage.hierarchy.put(key, buf)
+        self.store_seconds += time.perf_counter() - t0
+        extra = self.after_store(key) if ok and self.after_store is not None else None
+        return bool(ok), extra
+
+    def _on_done(self, buf: torch.Tensor) -> Callable[[concurrent.futures.Future[Any]], None]:
+        return lambda fut: self._done(fut, buf)
+
+    def _done(self, fut: concurrent.futures.Future[Any], buf: torch.Tensor) -> None:
+        self.buffers.give(buf)
+        with self._lock:
+            item = self._pending.pop(fut)
+            ok, extra = False, None
+            if not fut.cancelled() and fut.exception() is None:
+                ok, extra = fut.result()
+            if ok:
+                self._stored.append((item.chunk_hash, item.chunk_index, extra))
+                self.stored += 1
+                self.stored_bytes += self.buffers.nbytes
+            else:
+                self._refused.append((item.req_id, item.chunk_index))
+                self.refused += 1
+
+    def take_stored(self) -> list[tuple[int, int, Any]]:
+        """``(hash, chunk index, after_store result)`` of chunks stored since the last call."""
+        with self._lock:
+            out, self._stored = self._stored, []
+        return out
+
+    def take_refused(self) -> list[tuple[str, int]]:
+        """``(request, chunk index)`` of stores the storage refused since the last call."""
+        with self._lock:
+            out, self._refused = self._refused, []
+        return out
+
+    def gathered_for(self, req_id: str) -> bool:
+        """Whether every gather of ``req_id`` is complete (its blocks may be reused)."""
+        events = self._events.get(req_id)
+        if not events:
+            return True
+        if all(ev.query() for ev in events):
+            del self._events[req_id]
+            return True
+        return False
+
+    def wait_gathers(self) -> None:
+        """Block until every gather issued so far is complete (no-op on CPU)."""
+        for events in self._events.values():
+            for ev in events:
+                ev.synchronize()
+        self._events.clear()
+
+    def drain(self, timeout: float) -> int:
+        """Wait up to ``timeout`` s for queued stores; cancel the rest and return how many."""
+        with self._lock:
+            futs = list(self._pending)
+        if not futs:
+            return 0
+        _, not_done = concurrent.futures.wait(futs, timeout=max(0.0, timeout))
+        for f in not_done:
+            f.cancel()
+        return len(not_done)

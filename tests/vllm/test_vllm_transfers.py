@@ -1,0 +1,229 @@
+"""The worker's transfer machinery on real storage and synthetic caches (no engine):
+bounded saves, background loads with deadlines, background lookups with deadlines, and
+the deprecated ``io_timeout_s``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from copy_checks import BLOCKS, LAYERS, caches, fill
+from kv_test_backends import write_control
+
+from lmcache_core import ChunkedTokenDatabase, Namespace
+from lmcache_core.config import load_config
+from lmcache_core.integrations.vllm.layout import BlockCopier
+from lmcache_core.integrations.vllm.loads import AsyncLoads
+from lmcache_core.integrations.vllm.lookups import ViewLookups
+from lmcache_core.integrations.vllm.metadata import ChunkLoad
+from lmcache_core.integrations.vllm.saves import SaveItem, SaveQueue
+from lmcache_core.integrations.vllm.staging import ChunkBuffers
+from lmcache_core.integrations.vllm.storage import Storage
+
+NS = Namespace(model_name="m", chunk_size=32, block_size=16)
+DB = ChunkedTokenDatabase(namespace=NS)
+
+
+def _storage(tmp_path: Path, **control: Any) -> Storage:
+    ctl = tmp_path / "control.json"
+    write_control(str(ctl), **control)
+    cfg = load_config(
+        {
+            "chunk_size": 32,
+            "drain_timeout_s": 0.5,
+            "tiers": [
+                {
+                    "name": "cpu",
+                    "backend_class": "kv_test_backends:FaultyCPUBackend",
+                    "options": {"max_bytes": "16MiB", "control": str(ctl)},
+                },
+                {
+                    "name": "disk",
+                    "backend_class": "kv_test_backends:SlowDiskBackend",
+                    "options": {"path": str(tmp_path / "disk"), "control": str(ctl)},
+                },
+            ],
+        }
+    )
+    return Storage(cfg, NS)
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Any:
+    views = caches("cpu", "LBHNC")
+    fill(views, 3)
+    copier = BlockCopier(views, BLOCKS)
+    storage = _storage(tmp_path)
+    yield storage, copier, views, tmp_path
+    storage.close()
+
+
+def _wait(pred: Any, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
+def test_saves_gather_then_store_in_the_background_and_drop_when_staging_is_full(
+    setup: Any,
+) -> None:
+    storage, copier, views, tmp_path = setup
+    write_control(str(tmp_path / "control.json"), put_delay_s=0.3)
+    buffers = ChunkBuffers(copier.chunk_shape(2), torch.float32, max_buffers=2)
+    q = SaveQueue(storage, buffers, copier)
+    items = [SaveItem(DB.make_key(i), i, "r", i, [2 * i, 2 * i + 1]) for i in range(3)]
+    t0 = time.perf_counter()
+    dropped = q.submit(items)
+    assert time.perf_counter() - t0 < 0.2  # the stores are not waited for
+    assert [d.chunk_hash for d in dropped] == [2] and q.dropped_full == 1
+    assert q.take_stored() == []  # not in the memory tier yet: not reported
+    _wait(lambda: q.pending == 0)
+    assert sorted(h for h, _, _ in q.take_stored()) == [0, 1]
+    out = torch.empty(copier.chunk_shape(2))
+    assert storage.get_into([DB.make_key(1)], [out]) == [True]
+    assert torch.equal(out[:, 0], torch.stack([v[2] for v in views]))
+    # Shutdown with stores pending: drained up to the timeout, the rest counted.
+    write_control(str(tmp_path / "control.json"), put_delay_s=5.0)
+    assert q.submit(items[:2]) == []
+    assert q.drain(0.2) == 2
+
+
+def test_background_load_scatters_when_done_and_fails_past_its_deadline(setup: Any) -> None:
+    storage, copier, views, tmp_path = setup
+    src = torch.empty(copier.chunk_shape(2))
+    for i in range(3):
+        copier.gather([2 * i, 2 * i + 1], src)
+        assert storage.put([DB.make_key(100 + i)], [src]) == [True]
+    dst_views = caches("cpu", "LBHNC")
+    dst = BlockCopier(dst_views, BLOCKS)
+    buffers = ChunkBuffers(copier.chunk_shape(2), torch.float32, max_buffers=2)
+    loads = AsyncLoads(storage, buffers, dst, deadline_s=0.5, block_nbytes=1)
+
+    def job(req: str, n: int, first_block: int) -> list[ChunkLoad]:
+        return [
+            ChunkLoad(req, c, 100 + c, 0, [first_block + 2 * c, first_block + 2 * c + 1])
+            for c in range(n)
+        ]
+
+    loads.start("a", job("a", 3, 0), [DB.make_key(100 + c) for c in range(3)])
+    done: set[str] = set()
+    _wait(lambda: done.update(loads.poll().finished) or "a" in done)
+    assert buffers.in_use == 0  # 3 chunks through 2 buffers, all given back
+    for layer in range(LAYERS):
+        assert torch.equal(dst_views[layer][:6], views[layer][:6])
+    # A slow tier: the load is abandoned at its deadline, its blocks fail; the late
+    # reads finish into staging memory only, whose buffers come back afterwards.
+    write_control(str(tmp_path / "control.json"), get_delay_s=1.5, fail=[])
+    storage.hierarchy.tiers[0].backend.control.get()  # (the memory tier too)
+    loads.poll()
+    loads.start("b", job("b", 2, 8), [DB.make_key(100 + c) for c in range(2)])
+    t0 = time.monotonic()
+    _wait(lambda: "b" in (out := loads.poll()).finished and bool(out.failed_blocks))
+    assert 0.4 < time.monotonic() - t0 < 1.4
+    assert loads.deadline_misses == 1
+    assert not dst_views[0][8:12].any()
+    _wait(lambda: buffers.in_use == 0, timeout=5)
+
+
+def test_background_lookup_answers_later_and_gives_up_at_its_deadline(setup: Any) -> None:
+    storage, copier, _, tmp_path = setup
+    src = torch.empty(copier.chunk_shape(2))
+    assert storage.put([DB.make_key(7)], [src]) == [True]
+    lk = ViewLookups(storage, deadline_s=0.3, lease_s=10.0, reuse_s=5.0)
+    keys = [[DB.make_key(7), DB.make_key(8)]]
+    res = None
+    while res is None:
+        res = lk.poll("r", [0], keys)
+    assert res.found == [1] and res.pinned == [1]  # the memory tier pins
+    lk.release("r")
+    write_control(str(tmp_path / "control.json"), lookup_delay_s=1.0)
+    storage.hierarchy.tiers[0].backend.control.get()
+    assert lk.poll("q", [0], [[DB.make_key(50)]]) is None  # running: ask again later
+    time.sleep(0.35)
+    assert lk.poll("q", [0], [[DB.make_key(50)]]).found == [0]
+    assert lk.deadline_misses == 1
+    assert lk.poll("q", [0], [[DB.make_key(50)]]).found == [0]  # answered, not restarted
+    assert lk.started == 2
+
+
+def test_io_timeout_is_deprecated_and_becomes_the_load_deadline(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from lmcache_core.integrations.vllm.settings import parse_settings
+
+    with caplog.at_level("WARNING"):
+        s = parse_settings({"io_timeout_s": 9})
+    assert s.options.load_deadline_s == 9 and "deprecated" in caplog.text
+    s = parse_settings({"io_timeout_s": 9, "load_deadline_s": 2})
+    assert s.options.load_deadline_s == 2
+    assert parse_settings(None).options.lookup_deadline_ms == 20
+
+
+def test_an_early_lookup_answers_for_a_later_start(setup: Any) -> None:
+    storage, copier, _, _ = setup
+    src = torch.empty(copier.chunk_shape(2))
+    keys = [DB.make_key(60 + i) for i in range(3)]
+    assert storage.put(keys, [src, src, src]) == [True] * 3
+    lk = ViewLookups(storage, deadline_s=5.0, lease_s=10.0, reuse_s=5.0)
+    lk.prefetch("r", [0], [keys])  # when vLLM receives the request
+    _wait(lambda: lk.poll("r", [0], [keys]) is not None)
+    # vLLM's own prefix cache already holds chunk 0: the same lookup answers for 1..
+    res = lk.poll("r", [1], [keys[1:]])
+    assert res is not None and res.found == [2] and res.pinned == [2]
+    assert lk.started == 1
+    lk.release("r")
+
+
+def test_a_background_load_releases_only_the_leases_its_lookup_took(tmp_path: Path) -> None:
+    """A hit this load's lookup did not pin (found in a tier that cannot pin) is not
+    released when the load ends: ``release`` ends one lease per key whoever took it, so
+    that would end another caller's lease on the same chunk."""
+    cfg = load_config(
+        {
+            "chunk_size": 32,
+            "tiers": [
+                {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "16MiB"}},
+                {
+                    "name": "ref",
+                    "backend_class": "lmcache_core.testing.reference:ReferenceBackend",
+                },
+            ],
+        }
+    )
+    storage = Storage(cfg, NS)
+    try:
+        views = caches("cpu", "LBHNC")
+        fill(views, 5)
+        copier = BlockCopier(views, BLOCKS)
+        src = torch.empty(copier.chunk_shape(2))
+        copier.gather([0, 1], src)
+        key = DB.make_key(300)
+        lower = storage.hierarchy.tiers[1].backend
+        assert storage.sync.io.run(lower.put(key, src))  # only in the tier that cannot pin
+        dst_views = caches("cpu", "LBHNC")
+        buffers = ChunkBuffers(copier.chunk_shape(2), torch.float32, max_buffers=2)
+        loads = AsyncLoads(
+            storage, buffers, BlockCopier(dst_views, BLOCKS), deadline_s=5.0, block_nbytes=1
+        )
+        loads.start("a", [ChunkLoad("a", 0, 300, 0, [4, 5])], [key])
+        lookup = loads._jobs["a"].lookup
+        assert lookup is not None
+        _wait(lookup.done)
+        assert lookup.result().num_hit == 1 and lookup.result().pinned == (False,)
+        # Another caller now finds the chunk in the memory tier and leases it.
+        assert storage.put([key], [src]) == [True]
+        other = storage.lookup([key], lease_s=60.0)
+        assert other.num_hit == 1 and other.pinned == (key,)  # the memory tier pins
+        done: set[str] = set()
+        _wait(lambda: done.update(loads.poll().finished) or "a" in done)
+        for layer in range(LAYERS):
+            assert torch.equal(dst_views[layer][4:6], views[layer][0:2])
+        time.sleep(0.05)  # a release the load queued on the IO loop would have run by now
+        assert storage.release(other.pinned) == 1  # the other caller's lease survived
+        assert storage.release(other.pinned) == 0
+    finally:
+        storage.close()
