@@ -506,7 +506,7 @@ def _bytes_of(data: memoryview | np.ndarray, start: int, end: int) -> bytes | me
 
 #: Per-thread staging rows reused by :func:`_chain_xxh3`, by chunk size (a buffer is
 #: grown to the longest prompt seen, up to this many bytes; longer prompts get their own).
-_STAGING_MAX_BYTES = 8 << 20
+_STAGING_MAX_BYTES = 1 << 20
 _staging = threading.local()
 _HEAD = slice(0, 16)
 
