@@ -15,6 +15,7 @@ inode (unlinking keeps it alive), verified by its checksum: never a torn read.
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import errno
 import fcntl
@@ -218,6 +219,7 @@ class ObjectIO:
         hlen = len(template)
         size = hlen + n
         padded = round_up(size)
+        _preallocate(fd, padded)
         if n >= ALIGN and src.ctypes.data % ALIGN == 0:
             return self._write_direct_aligned(fd, template, src)
         buf = self.pool.take(padded)
@@ -551,6 +553,34 @@ def _pread_exact(fd: int, views: list[memoryview], offset: int, total: int) -> N
             raise FormatError(f"short read: {done} of {total} bytes (truncated?)")
         done += got
         views = _advance(views, got)
+
+
+def _load_fallocate() -> Callable[[int, int, int, int], int] | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.fallocate
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+_fallocate = _load_fallocate()
+
+
+def _preallocate(fd: int, nbytes: int) -> None:
+    """Allocate the file's blocks before an ``O_DIRECT`` write (``fallocate``, never
+    glibc's ``posix_fallocate`` emulation, which writes zeros): a write that extends a
+    file makes ext4 journal the extension around every request; into allocated blocks
+    it does not. Where the filesystem cannot (``EOPNOTSUPP``), the write extends the
+    file as before; other errors (``ENOSPC``) raise like the write would."""
+    if _fallocate is None or _fallocate(fd, 0, 0, nbytes) == 0:
+        return
+    err = ctypes.get_errno()
+    if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        return
+    raise OSError(err, os.strerror(err))
 
 
 def _pwrite_all(fd: int, views: list[memoryview], offset: int) -> None:
