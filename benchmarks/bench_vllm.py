@@ -4,21 +4,28 @@ the worker loads from disk -- each against a baseline measured in the same run.
 Scenarios (``--scenario``, default all), on the demo's model (8-layer float32 Llama):
 
 * ``hit``: time to first token of a prompt whose KV is in the connector's CPU tier,
-  against vLLM's own prefix-cache hit on the same prompt, in interleaved pairs (vLLM hit,
-  ``reset_prefix_cache()``, connector hit); median of the per-pair ratios, their spread,
-  and the A/A spread of vLLM's hit against itself. Target: <= 1.2x.
+  against vLLM's own prefix-cache hit on the same prompt: per pair, a vLLM hit, a second
+  vLLM hit (the A/A twin) and a connector hit (after ``reset_prefix_cache()``) in random
+  order; the median of the per-pair ratios with a 95% bootstrap interval, beside the
+  same for vLLM's hit against itself. Target: <= 1.2x.
 * ``disk``: one request loading N chunks from a disk-only tier on an idle in-process
   engine, page cache dropped for the tier's files (``posix_fadvise``): bytes / (first
   read issued -> ``get_finished`` reported), from the worker's statistics; against the
   disk backend's own ``batched_get_into`` of the same N chunks, same batch and
   concurrency, page cache dropped, interleaved. Target: >= 0.7x.
 * ``miss``: the connector's cost when nothing hits (CPU + disk tiers, saves included):
-  two engine processes, with and without the connector, alive together and measured
-  alternately in random order: TTFT of unique prompts and the wall time of a 20-request
-  batch of unique prompts; ratios of medians, and the A/A spread (the engine without the
-  connector, later half of its samples against the first half). Target: <= 1.05x.
+  three engine processes alive together -- two without the connector (the baseline and
+  its A/A twin) and one with it -- each measured once per round in random order: TTFT
+  of a unique prompt and the wall time of a 20-request batch of unique prompts. A
+  measurement ends only once the engine's saves are in every tier (so no store runs
+  into another engine's measurement); the wall time to the outputs is judged, the time
+  until the saves are done is printed beside it. Per-round ratios connector / baseline
+  and twin / baseline (A/A), medians with 95% bootstrap intervals. Target: <= 1.05x.
 
-Run: ``.venv/bin/python benchmarks/bench_vllm.py`` (about 6 minutes here; engines run in
+Verdicts: ``met`` when the median's 95% interval lies at or under the target, ``not
+met`` when it lies above, ``within noise`` otherwise.
+
+Run: ``.venv/bin/python benchmarks/bench_vllm.py`` (about 12 minutes here; engines run in
 child processes). ``--scenario hit --tier disk`` measures a disk-tier hit instead.
 """
 
@@ -26,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import random
@@ -80,13 +86,18 @@ def _child_hit(spec: dict[str, Any]) -> dict[str, Any]:
     llm = _llm(spec)
     _ttft(llm, list(range(4, 300)))
     rows: dict[str, list[Any]] = {"cold": [], "vllm": [], "connector": [], "vllm_aa": []}
+    rng = random.Random(5)
     for p in _prompts(spec, spec["prompts"], spec["tokens"], 7):
         rows["cold"].append(_ttft(llm, p))
         for _ in range(spec["pairs"]):
-            rows["vllm"].append(_ttft(llm, p))
-            rows["vllm_aa"].append(_ttft(llm, p))
-            llm.reset_prefix_cache()
-            rows["connector"].append(_ttft(llm, p))
+            # The three measurements of a pair in random order: a connector hit follows
+            # a reset of vLLM's prefix cache and leaves the prompt's blocks in it again.
+            order = ["vllm", "vllm_aa", "connector"]
+            rng.shuffle(order)
+            for what in order:
+                if what == "connector":
+                    llm.reset_prefix_cache()
+                rows[what].append(_ttft(llm, p))
     llm.llm_engine.engine_core.shutdown()
     return rows
 
@@ -167,22 +178,50 @@ def _child_disk(spec: dict[str, Any]) -> dict[str, Any]:
     return {**rows, "chunks": len(keys), "chunk_bytes": outs[0].numel() * 4}
 
 
+def _saves_pending() -> int:
+    """Chunks this process's connector still has to store (gathered, not yet in the
+    first tier, or queued or running for a tier below); 0 without a connector. The
+    worker shares the process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one rank)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return 0
+    worker = getattr(get_kv_transfer_group(), "_worker", None)
+    if worker is None or worker.saves is None or worker.storage is None:
+        return 0
+    return int(worker.saves.pending) + int(worker.storage.stats()["pending_stores"])
+
+
+def _wait_saves(timeout: float = 60.0) -> float:
+    """Wait until every save has reached every tier; seconds waited."""
+    t0 = time.perf_counter()
+    while _saves_pending() and time.perf_counter() - t0 < timeout:
+        time.sleep(0.005)
+    return time.perf_counter() - t0
+
+
 def _child_serve(spec: dict[str, Any], out_prefix: str) -> None:
     """An engine that runs the miss measurements the parent asks for, one per line of
     stdin (``ttft SEED`` or ``batch SEED``), answering ``DONE n`` on stdout once the
-    result is in ``<out_prefix>.<n>.json``."""
+    result is in ``<out_prefix>.<n>.json``: ``[seconds to the outputs, seconds until
+    the saves were in every tier]``. The engine returns only once its saves are done,
+    so no background store runs into another engine's measurement."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     llm = _llm(spec)
     _ttft(llm, list(range(4, 300)))
+    _wait_saves()
     sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     print("READY", flush=True)
     for n, line in enumerate(sys.stdin):
         what, seed = line.split()
         if what == "ttft":
             (p,) = _prompts(spec, 1, spec["tokens"], int(seed))
-            res: Any = _ttft(llm, p)[0]
+            t0 = time.perf_counter()
+            ttft = _ttft(llm, p)[0]
+            done = time.perf_counter() - t0
+            res: Any = [ttft, done + _wait_saves()]
         elif what == "batch":
             batch = [
                 TokensPrompt(prompt_token_ids=p)
@@ -190,7 +229,8 @@ def _child_serve(spec: dict[str, Any], out_prefix: str) -> None:
             ]
             t0 = time.perf_counter()
             outs = llm.generate(batch, sp, use_tqdm=False)
-            res = time.perf_counter() - t0
+            done = time.perf_counter() - t0
+            res = [done, done + _wait_saves()]
             assert all(o.num_cached_tokens == 0 for o in outs)
         else:
             break
@@ -246,6 +286,27 @@ def _spread(xs: list[float]) -> str:
     return f"{min(xs):.2f}-{max(xs):.2f}x" if xs else "-"
 
 
+def _median_ci(xs: list[float], seed: int = 0, n: int = 4000) -> tuple[float, float, float]:
+    """Median of ``xs`` and a 95% bootstrap interval of it (the median's uncertainty)."""
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n))
+    return statistics.median(xs), meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
+
+
+def _verdict(ratio: list[float], aa: list[float], target: float) -> str:
+    """``met`` / ``not met`` when the median's 95% interval lies on one side of the
+    target, else ``within noise``; the A/A interval (the same measurement of one engine
+    against itself) shows how far noise alone moves such a median."""
+    med, lo, hi = _median_ci(ratio)
+    amed, alo, ahi = _median_ci(aa, seed=1)
+    word = "met" if hi <= target else "not met" if lo > target else "within noise"
+    return (
+        f"median {med:.3f}x, 95% CI {lo:.3f}-{hi:.3f}x (per-pair {_spread(ratio)}); "
+        f"A/A median {amed:.3f}x, 95% CI {alo:.3f}-{ahi:.3f}x (per-pair {_spread(aa)}); "
+        f"target <= {target}x: {word}"
+    )
+
+
 def scenario_hit(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> None:
     tier: dict[str, Any] = (
         {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "2GiB"}}
@@ -275,10 +336,7 @@ def scenario_hit(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> N
     ):
         cached = sorted({c for _, c in rows[key]})
         print(f"  {label:<22} TTFT median {med[key] * 1e3:8.1f} ms   cached tokens {cached}")
-    print(
-        f"  connector / vLLM hit, median of pair ratios: {statistics.median(ratios):.2f}x "
-        f"(pairs {_spread(ratios)}; A/A vLLM/vLLM {statistics.median(aa):.2f}x, {_spread(aa)})"
-    )
+    print(f"  connector / vLLM hit, per-pair ratios: {_verdict(ratios, aa, 1.2)}")
     print(f"  cold / connector: {med['cold'] / med['connector']:.1f}x")
 
 
@@ -354,14 +412,14 @@ class _Server:
                 return
         raise SystemExit(f"engine child exited; see {self.log.name}")
 
-    def ask(self, what: str, seed: int) -> float:
+    def ask(self, what: str, seed: int) -> tuple[float, float]:
         assert self.proc.stdin is not None
         self.proc.stdin.write(f"{what} {seed}\n")
         self.proc.stdin.flush()
         self._wait(f"DONE {self.n}")
-        res = float(json.loads(Path(f"{self.out}.{self.n}.json").read_text()))
+        first, saved = json.loads(Path(f"{self.out}.{self.n}.json").read_text())
         self.n += 1
-        return res
+        return float(first), float(saved)
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -378,47 +436,66 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         tiers.append({"name": "disk", "backend": "disk", "options": {"path": str(tmp / "kv-miss")}})
     storage = {"chunk_size": args.chunk_size, "tiers": tiers}
     common = {**base, "tokens": args.miss_tokens, "batch_tokens": args.batch_tokens}
+    # Two engines without the connector (the baseline and its A/A twin) and one with it,
+    # alive together, each measured in every round in a random order.
     servers = {
         "none": _Server("none", {**common, "ktc": None}, tmp),
+        "none2": _Server("none2", {**common, "ktc": None}, tmp),
         "connector": _Server(
             "connector", {**common, "ktc": _ktc(storage, tmp / "stats-miss")}, tmp
         ),
     }
     rng = random.Random(3)
-    samples: dict[str, dict[str, list[float]]] = {k: {"ttft": [], "batch": []} for k in servers}
+    samples: dict[str, dict[str, list[tuple[float, float]]]] = {
+        k: {"ttft": [], "batch": []} for k in servers
+    }
+    seeds = {"none": 0, "none2": 300, "connector": 600}
+    t_start = time.monotonic()
+    rounds = 0
     try:
         for rep in range(args.miss_reps):
-            order = list(servers)
-            rng.shuffle(order)
+            if rep >= args.miss_min_reps and time.monotonic() - t_start > args.miss_budget_s:
+                break
             for what in ("ttft", "batch"):
+                order = list(servers)
+                rng.shuffle(order)
                 for name in order:
-                    time.sleep(0.5)  # let the other engine's threads go idle
-                    seed = (
-                        1000 * rep + (0 if name == "none" else 500) + (7 if what == "batch" else 0)
-                    )
+                    time.sleep(0.3)  # let the other engines' threads go idle
+                    seed = 1000 * rep + seeds[name] + (7 if what == "batch" else 0)
                     samples[name][what].append(servers[name].ask(what, seed))
+            rounds += 1
     finally:
         for srv in servers.values():
             srv.close()
 
-    def med(xs: list[float]) -> float:
-        return statistics.median(xs)
-
     print(
-        f"miss ({args.miss_tiers} tiers): two engine processes, with and without the "
-        f"connector, measured alternately ({args.miss_reps} rounds, random order): TTFT of "
-        f"one unique {args.miss_tokens}-token prompt, wall time of 20 unique "
-        f"{args.batch_tokens}-token prompts"
+        f"miss ({args.miss_tiers} tiers): three engine processes alive together, two without "
+        f"the connector (baseline and A/A twin) and one with it, each measured once per round "
+        f"in random order ({rounds} rounds): TTFT of one unique {args.miss_tokens}-token "
+        f"prompt, wall time of 20 unique {args.batch_tokens}-token prompts. Saves included: "
+        "an engine's measurement ends once its saves are in every tier, so no store runs "
+        "into another measurement"
     )
     for what, unit, scale in (("ttft", "ms", 1e3), ("batch", "s", 1.0)):
-        none, conn = samples["none"][what], samples["connector"][what]
+        none = [x for x, _ in samples["none"][what]]
+        none2 = [x for x, _ in samples["none2"][what]]
+        conn = [x for x, _ in samples["connector"][what]]
+        conn_saved = [y for _, y in samples["connector"][what]]
         ratios = [c / n for c, n in zip(conn, none, strict=True)]
-        aa = [y / x for x, y in itertools.pairwise(none)]
+        aa = [c / n for c, n in zip(none2, none, strict=True)]
+        durable = [c / n for c, n in zip(conn_saved, none, strict=True)]
+        tail = [y - x for x, y in samples["connector"][what]]
         print(
-            f"  {what:<5} median: none {med(none) * scale:.1f} {unit}, connector "
-            f"{med(conn) * scale:.1f} {unit}; connector / none per round: median "
-            f"{med(ratios):.3f}x ({_spread(ratios)}); A/A none / none, consecutive rounds: "
-            f"median {med(aa):.3f}x ({_spread(aa)})"
+            f"  {what:<5} medians: none {statistics.median(none) * scale:.1f} {unit}, "
+            f"none2 {statistics.median(none2) * scale:.1f} {unit}, connector "
+            f"{statistics.median(conn) * scale:.1f} {unit} (saves done "
+            f"{statistics.median(tail) * 1e3:.0f} ms after the outputs, median)"
+        )
+        print(f"    connector / none, per round: {_verdict(ratios, aa, 1.05)}")
+        dmed, dlo, dhi = _median_ci(durable, seed=2)
+        print(
+            f"    connector until its saves are in every tier / none: median {dmed:.3f}x, "
+            f"95% CI {dlo:.3f}-{dhi:.3f}x"
         )
 
 
@@ -429,7 +506,7 @@ def main() -> int:
     ap.add_argument("--scenario", choices=("all", "hit", "disk", "miss"), default="all")
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=2049)
-    ap.add_argument("--pairs", type=int, default=7)
+    ap.add_argument("--pairs", type=int, default=25)
     ap.add_argument("--chunk-size", type=int, default=256)
     ap.add_argument("--tier", choices=("cpu", "disk"), default="cpu", help="hit scenario's tier")
     ap.add_argument("--disk-chunks", type=int, default=16)
@@ -442,7 +519,14 @@ def main() -> int:
     ap.add_argument("--miss-tokens", type=int, default=1025)
     ap.add_argument("--batch-tokens", type=int, default=513)
     ap.add_argument("--miss-tiers", choices=("cpu", "cpu+disk"), default="cpu+disk")
-    ap.add_argument("--miss-reps", type=int, default=10)
+    ap.add_argument("--miss-reps", type=int, default=30, help="miss: most rounds")
+    ap.add_argument("--miss-min-reps", type=int, default=16, help="miss: fewest rounds")
+    ap.add_argument(
+        "--miss-budget-s",
+        type=float,
+        default=420.0,
+        help="miss: no new round after this many seconds once --miss-min-reps are done",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
