@@ -380,7 +380,9 @@ def scenario_disk(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
 class _Server:
     """A child engine process taking miss measurements on request (see _child_serve)."""
 
-    def __init__(self, name: str, spec: dict[str, Any], tmp: Path) -> None:
+    def __init__(
+        self, name: str, spec: dict[str, Any], tmp: Path, pythonpath: str | None = None
+    ) -> None:
         spec_path = tmp / f"serve-{name}.spec.json"
         spec_path.write_text(json.dumps(spec))
         self.out = str(tmp / f"serve-{name}")
@@ -396,7 +398,11 @@ class _Server:
                 "--out",
                 self.out,
             ],
-            env={**_env(True), "VLLM_CPU_KVCACHE_SPACE": "2"},
+            env={
+                **_env(True),
+                "VLLM_CPU_KVCACHE_SPACE": "2",
+                **({"PYTHONPATH": pythonpath} if pythonpath else {}),
+            },
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -445,11 +451,27 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
             "connector", {**common, "ktc": _ktc(storage, tmp / "stats-miss")}, tmp
         ),
     }
+    if args.miss_ref:  # the same connector, another version of lmcache_core
+        ref_storage = {
+            **storage,
+            "tiers": [
+                {**t, "options": {**t["options"], "path": str(tmp / "kv-miss-ref")}}
+                if t["name"] == "disk"
+                else t
+                for t in tiers
+            ],
+        }
+        servers["connector-ref"] = _Server(
+            "connector-ref",
+            {**common, "ktc": _ktc(ref_storage, tmp / "stats-miss-ref")},
+            tmp,
+            pythonpath=str(Path(args.miss_ref).resolve()),
+        )
     rng = random.Random(3)
     samples: dict[str, dict[str, list[tuple[float, float]]]] = {
         k: {"ttft": [], "batch": []} for k in servers
     }
-    seeds = {"none": 0, "none2": 300, "connector": 600}
+    seeds = {"none": 0, "none2": 250, "connector": 500, "connector-ref": 750}
     t_start = time.monotonic()
     rounds = 0
     try:
@@ -492,6 +514,17 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
             f"{statistics.median(tail) * 1e3:.0f} ms after the outputs, median)"
         )
         print(f"    connector / none, per round: {_verdict(ratios, aa, 1.05)}")
+        if "connector-ref" in samples:
+            ref = [x for x, _ in samples["connector-ref"][what]]
+            rr = [c / n for c, n in zip(ref, none, strict=True)]
+            print(
+                f"    reference connector ({args.miss_ref}) median "
+                f"{statistics.median(ref) * scale:.1f} {unit}; ref / none, per round: "
+                f"{_verdict(rr, aa, 1.05)}"
+            )
+            cr = [c / r for c, r in zip(conn, ref, strict=True)]
+            cmed, clo, chi = _median_ci(cr, seed=3)
+            print(f"    connector / reference: median {cmed:.3f}x, 95% CI {clo:.3f}-{chi:.3f}x")
         dmed, dlo, dhi = _median_ci(durable, seed=2)
         print(
             f"    connector until its saves are in every tier / none: median {dmed:.3f}x, "
@@ -519,6 +552,12 @@ def main() -> int:
     ap.add_argument("--miss-tokens", type=int, default=1025)
     ap.add_argument("--batch-tokens", type=int, default=513)
     ap.add_argument("--miss-tiers", choices=("cpu", "cpu+disk"), default="cpu+disk")
+    ap.add_argument(
+        "--miss-ref",
+        metavar="DIR",
+        help="miss: also measure the connector of another lmcache_core version, imported "
+        "from DIR/lmcache_core (e.g. git archive COMMIT lmcache_core | tar -x -C DIR)",
+    )
     ap.add_argument("--miss-reps", type=int, default=30, help="miss: most rounds")
     ap.add_argument("--miss-min-reps", type=int, default=16, help="miss: fewest rounds")
     ap.add_argument(
