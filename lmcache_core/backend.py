@@ -39,7 +39,13 @@ import torch
 from .errors import BackendClosedError, BackendNotStartedError, BufferMismatchError
 from .keys import CacheEngineKey, Namespace, check_key_size
 
-__all__ = ["BackendStats", "BaseBackend", "Capabilities", "StorageBackend"]
+__all__ = [
+    "REQUIRED_METHODS",
+    "BackendStats",
+    "BaseBackend",
+    "Capabilities",
+    "StorageBackend",
+]
 
 T = TypeVar("T")
 
@@ -86,6 +92,24 @@ class StorageBackend(Protocol):
         donate: bool = False,
     ) -> list[bool]: ...
     def stats(self) -> dict[str, Any]: ...
+
+
+#: Methods every backend class has (those of :class:`StorageBackend`); registration checks
+#: (``plugins --strict``, ``backends``, configuration) name the missing ones.
+REQUIRED_METHODS: tuple[str, ...] = (
+    "start",
+    "close",
+    "contains",
+    "get",
+    "get_into",
+    "put",
+    "remove",
+    "batched_contains",
+    "batched_get",
+    "batched_get_into",
+    "batched_put",
+    "stats",
+)
 
 
 @dataclass

@@ -212,17 +212,25 @@ async def _each_target(
         try:
             await backend.start()
         except Exception as exc:
-            row["error"] = f"cannot open: {type(exc).__name__}: {exc}"
+            row["error"] = f"cannot open: {_describe(exc)}"
             rows.append(row)
             continue
         try:
             row.update(await work(t))
-        except LMCacheError as exc:
-            row["error"] = str(exc)
+        except Exception as exc:  # reported in the table / JSON, never a traceback
+            row["error"] = _describe(exc)
         finally:
-            await backend.close()
+            try:
+                await backend.close()
+            except Exception as exc:
+                row.setdefault("error", f"closing failed: {_describe(exc)}")
         rows.append(row)
     return rows
+
+
+def _describe(exc: BaseException) -> str:
+    """An error for the report: the message of our own errors, the type of any other."""
+    return str(exc) if isinstance(exc, LMCacheError) else f"{type(exc).__name__}: {exc}"
 
 
 async def _batches(

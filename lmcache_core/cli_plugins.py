@@ -1,14 +1,15 @@
 """``lmcache-core plugins`` and ``lmcache-core backends``.
 
 ``plugins`` lists every discovered plugin (the built-in one included) with its version,
-status (``ok``/``failed``/``incompatible``/``disabled``) and error, the hooks it
-implements and the backends and URL schemes it registered. A broken plugin is a row in
-that report, never a crash; ``--strict`` (or ``LMCACHE_CORE_STRICT_PLUGINS=1``) makes the
-command exit 1 when a plugin failed.
+status (``ok``/``failed``/``incompatible``/``disabled``/``misconfigured``) and error, the
+hooks it implements, the backends and URL schemes it registered and the backends it
+replaced (``override=True``). A broken plugin is a row in that report, never a crash;
+``--strict`` (or ``LMCACHE_CORE_STRICT_PLUGINS=1``) also imports and checks every
+registered backend class, and makes the command exit 1 when a plugin or a class failed.
 
-``backends`` lists every registered backend with its provider, schemes, capabilities and
-options (type, default, description), all generated from the backend's ``Options``;
-``--markdown`` prints the option tables the docs embed.
+``backends`` lists every registered backend with its provider (and whose backend it
+replaced), schemes, capabilities and options (type, default, description), all generated
+from the backend's ``Options``; ``--markdown`` prints the option tables the docs embed.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from .plugins.backend_options import (
     options_markdown,
     render_options_blocks,
 )
+from .plugins.checks import backend_class_problems, spec_problems
 from .plugins.compat import core_version
 from .plugins.hookspecs import HOOKSPEC_VERSION
 from .plugins.loader import load_plugins
-from .plugins.registry import KNOWN_BACKENDS, BackendRegistry, BackendSpec
+from .plugins.registry import KNOWN_BACKENDS, BackendRegistry, BackendSpec, install_hint
+from .plugins.report import ERROR_STATUSES
 from .plugins.settings import PluginSettings
 
 __all__ = ["backends_report", "plugins_report", "register"]
@@ -45,7 +48,8 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--strict",
         action="store_true",
-        help="exit 1 when a plugin failed (default from LMCACHE_CORE_STRICT_PLUGINS)",
+        help="also import and check every backend class; exit 1 when a plugin or a class "
+        "failed (default from LMCACHE_CORE_STRICT_PLUGINS)",
     )
     p.set_defaults(func=run_plugins)
 
@@ -82,14 +86,26 @@ def _load_registry() -> tuple[BackendRegistry, bool]:
     return reg, settings.strict
 
 
-def plugins_report(reg: BackendRegistry) -> dict[str, Any]:
-    """The ``plugins --json`` document for a loaded registry."""
+def plugins_report(reg: BackendRegistry, *, check_classes: bool = False) -> dict[str, Any]:
+    """The ``plugins --json`` document for a loaded registry.
+
+    ``check_classes`` imports every registered backend class and lists what is wrong
+    with it under its plugin's ``problems`` (a plugin with problems counts as failed).
+    """
     plugins = []
     for info in reg.plugins:
         mine = [s for s in reg.specs() if s.provider == info.name]
         entry = info.as_dict()
         entry["backends"] = [s.name for s in mine]
         entry["schemes"] = sorted(sch for s in mine for sch in s.schemes)
+        entry["overrides"] = [
+            {"backend": s.name, "replaces": s.replaces} for s in mine if s.replaces
+        ]
+        entry["problems"] = (
+            [p for s in mine for p in spec_problems(s)]
+            if check_classes and info.status == "ok"
+            else []
+        )
         plugins.append(entry)
     return {
         "core_version": core_version(),
@@ -105,6 +121,7 @@ def _backend_entry(reg: BackendRegistry, spec: BackendSpec) -> dict[str, Any]:
         "provider": spec.provider,
         "version": version,
         "target": spec.target_text,
+        "replaces": spec.replaces,
         "schemes": list(spec.schemes),
         "install_hint": spec.install_hint,
         "status": "ok",
@@ -117,6 +134,9 @@ def _backend_entry(reg: BackendRegistry, spec: BackendSpec) -> dict[str, Any]:
         caps = getattr(cls, "capabilities", None)
         if caps is not None and dataclasses.is_dataclass(caps) and not isinstance(caps, type):
             entry["capabilities"] = dataclasses.asdict(caps)
+        problems = backend_class_problems(cls)
+        if problems:
+            raise TypeError("; ".join(problems))
         entry["options"] = describe_backend_options(cls)
     except Exception as exc:  # a broken backend is a row of the report, not a crash
         entry["status"] = "failed"
@@ -128,7 +148,7 @@ def backends_report(reg: BackendRegistry, names: list[str] | None = None) -> dic
     """The ``backends --json`` document (raises UnknownBackendError for an unknown name)."""
     specs = [reg.get(n) for n in names] if names else reg.specs()
     missing = [
-        {"name": n, "install": f"pip install {dist}"}
+        {"name": n, "distribution": dist, "install": install_hint(dist)}
         for n, dist in sorted(KNOWN_BACKENDS.items())
         if n not in reg and not names
     ]
@@ -142,7 +162,8 @@ def backends_report(reg: BackendRegistry, names: list[str] | None = None) -> dic
 def run_plugins(args: argparse.Namespace) -> int:
     """``lmcache-core plugins``."""
     reg, strict_env = _load_registry()
-    report = plugins_report(reg)
+    strict = bool(args.strict or strict_env)
+    report = plugins_report(reg, check_classes=strict)
     if wants_json(args):
         print_json(report)
     else:
@@ -163,13 +184,26 @@ def run_plugins(args: argparse.Namespace) -> int:
         for p in report["plugins"]:
             if p["error"]:
                 print(f"{p['name']}: {p['status']}: {p['error']}")
-    failed = [p for p in report["plugins"] if p["status"] in ("failed", "incompatible")]
-    return 1 if failed and (args.strict or strict_env) else 0
+            for o in p["overrides"]:
+                print(
+                    f"{p['name']}: replaces backend {o['backend']!r} of {o['replaces']} "
+                    "(override=True)"
+                )
+            for problem in p["problems"]:
+                print(f"{p['name']}: failed: {problem}")
+    failed = [p for p in report["plugins"] if p["status"] in ERROR_STATUSES or p["problems"]]
+    return 1 if failed and strict else 0
 
 
 def _print_backends_table(report: dict[str, Any]) -> None:
     rows = [
-        [b["name"], b["provider"], b["version"], ", ".join(b["schemes"]) or None, b["status"]]
+        [
+            b["name"],
+            b["provider"] + (f" (replaces {b['replaces']})" if b["replaces"] else ""),
+            b["version"],
+            ", ".join(b["schemes"]) or None,
+            b["status"],
+        ]
         for b in report["backends"]
     ]
     print(format_table(rows, ["BACKEND", "PROVIDER", "VERSION", "SCHEMES", "STATUS"]))

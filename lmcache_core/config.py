@@ -676,20 +676,6 @@ def _check_keys(schema: type[Any], raw: Mapping[str, Any], path: str) -> None:
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _CLASS_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$")
-_REQUIRED_METHODS = (
-    "start",
-    "close",
-    "contains",
-    "get",
-    "get_into",
-    "put",
-    "remove",
-    "batched_contains",
-    "batched_get",
-    "batched_get_into",
-    "batched_put",
-    "stats",
-)
 
 
 def _build_tiers(
@@ -829,7 +815,9 @@ def _resolve_backend(
         cls_where = spec_where
     else:
         raise ConfigError("required: a backend name or URL (or backend_class)", f"{where}.backend")
-    missing = [m for m in _REQUIRED_METHODS if not callable(getattr(cls, m, None))]
+    from .backend import REQUIRED_METHODS  # here: torch is imported with the class anyway
+
+    missing = [m for m in REQUIRED_METHODS if not callable(getattr(cls, m, None))]
     if missing:
         raise ConfigError(
             f"{cls.__module__}.{cls.__qualname__} is not a storage backend (missing {missing})",

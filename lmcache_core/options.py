@@ -13,6 +13,7 @@ Field kinds: ``int``, ``float``, ``bool``, ``str``, ``bytes`` (an int accepting 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 from collections.abc import Collection, Mapping, Sequence
@@ -237,11 +238,16 @@ def build_options(
     if not isinstance(values, Mapping):
         raise ConfigError(f"expected a mapping of options, got {type(values).__name__}", path)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(shown(k) for k in values if k not in fields)
+    unknown = sorted(
+        (k if isinstance(k, str) else shown(k))[:100] for k in values if k not in fields
+    )
     if unknown:
-        raise ConfigError(
-            f"unknown option(s) [{', '.join(unknown)}]; known: {sorted(fields)}", path
-        )
+        first = unknown[0]
+        close = difflib.get_close_matches(first, list(fields), n=1)
+        msg = "unknown option" + (f"; did you mean {close[0]!r}?" if close else "")
+        if len(unknown) > 1:
+            msg += f" (also unknown: {', '.join(repr(u) for u in unknown[1:])})"
+        raise ConfigError(f"{msg} (known: {', '.join(sorted(fields))})", _join(path, first))
     kwargs = {}
     for name, f in fields.items():
         if name in values:
@@ -254,6 +260,10 @@ def build_options(
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(str(exc), path) from exc
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
 
 
 def describe_options(cls: type[Any]) -> list[dict[str, Any]]:

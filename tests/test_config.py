@@ -104,7 +104,11 @@ ERRORS = [
     ({"chunk_sise": 1}, "chunk_sise", "did you mean 'chunk_size'"),
     (bad("tiers", 1, "optons", {}), "tiers[1].optons", "did you mean 'options'"),
     (bad("tiers", 1, "backend", "nope"), "tiers[1].backend", "unknown backend 'nope'"),
-    (bad("tiers", 1, "backend", "disk"), "tiers[1].backend", "pip install lmcache-backend-disk"),
+    (
+        bad("tiers", 1, "backend", "disk"),
+        "tiers[1].backend",
+        "pip install ./backends/lmcache-backend-disk",
+    ),
     (bad("tiers", 1, "backend", None), "tiers[1].backend", "required"),
     (bad("tiers", 1, "backend", "s3://bucket/kv"), "tiers[1].backend", "URL scheme 's3'"),
     (bad("tiers", 1, "backend", "cpu://somewhere"), "tiers[1].backend", "takes no url"),
@@ -113,7 +117,12 @@ ERRORS = [
     (bad("tiers", 1, "name", "has space"), "tiers[1].name", "letters, digits"),
     (bad("tiers", 1, "options", {"max_bytes": "12XB"}), "tiers[1].options.max_bytes", "unit"),
     (bad("tiers", 1, "options", {"max_bytes": 0}), "tiers[1].options.max_bytes", ">= 1"),
-    (bad("tiers", 1, "options", {"colour": 1}), "tiers[1].options", "unknown option"),
+    (bad("tiers", 1, "options", {"colour": 1}), "tiers[1].options.colour", "unknown option"),
+    (
+        bad("tiers", 1, "options", {"max_byte": 1}),
+        "tiers[1].options.max_byte",
+        "did you mean 'max_bytes'",
+    ),
     (bad("tiers", 1, "options", {"pin_memory": "maybe"}), "tiers[1].options.pin_memory", "one of"),
     (bad("tiers", 1, "options", []), "tiers[1].options", "expected a mapping"),
     (bad("tiers", 1, "write", {"policy": "sideways"}), "tiers[1].write.policy", "one of"),
@@ -452,4 +461,4 @@ def test_backend_class_is_imported_only_when_asked(tmp_path: Path, monkeypatch: 
     assert info.value.path == "tiers[0].backend_class"
     with pytest.raises(ConfigError) as info:
         load(doc)  # imported (the default): its options are validated
-    assert marker.exists() and info.value.path == "tiers[0].options"
+    assert marker.exists() and info.value.path == "tiers[0].options.token"

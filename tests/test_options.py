@@ -37,7 +37,7 @@ def test_valid_options_are_coerced() -> None:
         ({"path": "p", "flag": "maybe"}, "opts.flag"),
         ({"path": "p", "ratio": 2}, "opts.ratio"),
         ({"path": "p", "ratio": "x"}, "opts.ratio"),
-        ({"path": "p", "colour": 1}, "opts"),
+        ({"path": "p", "colour": 1}, "opts.colour"),
         ({"path": 5}, "opts.path"),
     ],
 )

@@ -80,6 +80,6 @@ def test_installed_plugin_can_be_disabled(disk_dist):
     assert "disk" not in reg
     with pytest.raises(
         LookupError,
-        match=rf"pip install {DIST}.*installed but disabled by LMCACHE_CORE_DISABLE_PLUGINS",
+        match=rf"{DIST} is installed but its plugin is not loaded: disabled by LMCACHE_CORE_DISABLE",
     ):
         reg.get("disk")

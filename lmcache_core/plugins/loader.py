@@ -15,13 +15,20 @@ its own ``try``:
 A plugin that fails any step is reported (name, version, error), logged as a warning and
 skipped; with ``LMCACHE_CORE_STRICT_PLUGINS=1`` it raises
 :class:`~lmcache_core.plugins.report.PluginLoadError` instead.
+
+Two packaging mistakes that would otherwise be silent are reported the same way (status
+``misconfigured``): a plugin module that implements no hook (a hook function without
+``@hookimpl`` is an ordinary function to pluggy), and an installed distribution named
+like a plugin (``lmcache-backend-*``, ``lmcache-codec-*``, ``lmcache-policy-*``) that
+declares no entry point in group ``lmcache_core`` (a wrong group name, or none).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import Distribution, EntryPoint, entry_points
+from importlib.metadata import distributions as installed_distributions
 from types import ModuleType
 from typing import Any
 
@@ -33,13 +40,22 @@ from .registry import BackendRegistry
 from .report import PluginInfo, PluginLoadError, PluginStatus
 from .settings import PluginSettings
 
-__all__ = ["BUILTIN_PLUGIN", "ENTRY_POINT_GROUP", "discover_entry_points", "load_plugins"]
+__all__ = [
+    "BUILTIN_PLUGIN",
+    "ENTRY_POINT_GROUP",
+    "PLUGIN_PREFIXES",
+    "discover_entry_points",
+    "load_plugins",
+    "unregistered_distributions",
+]
 
 ENTRY_POINT_GROUP = "lmcache_core"
 #: Plugin name of the built-in plugin (the core distribution's name).
 BUILTIN_PLUGIN = "lmcache-core"
 #: Hooks called by :func:`load_plugins`, in this order.
 LOAD_HOOKS = ("lmcache_register_backends",)
+#: Distribution names that say "I am an lmcache-core plugin" (canonical form).
+PLUGIN_PREFIXES = ("lmcache-backend-", "lmcache-codec-", "lmcache-policy-")
 
 log = logging.getLogger("lmcache_core.plugins")
 
@@ -47,6 +63,71 @@ log = logging.getLogger("lmcache_core.plugins")
 def discover_entry_points(group: str = ENTRY_POINT_GROUP) -> list[EntryPoint]:
     """Installed entry points of ``group``, sorted by name."""
     return sorted(entry_points(group=group), key=lambda ep: ep.name)
+
+
+def _dist_name(dist: Distribution) -> str:
+    try:
+        return str(dist.metadata["Name"] or "")
+    except Exception:  # unreadable metadata: not ours to judge
+        return ""
+
+
+def unregistered_distributions(
+    dists: Iterable[Distribution] | None = None, group: str = ENTRY_POINT_GROUP
+) -> list[tuple[str, str | None, list[EntryPoint]]]:
+    """Installed plugin-named distributions without an entry point in ``group``.
+
+    Returns ``(name, version, entry points in other groups)`` for each, sorted by name.
+    ``dists`` replaces ``importlib.metadata.distributions()`` (tests pass their own).
+    """
+    found: dict[str, tuple[str, str | None, list[EntryPoint]]] = {}
+    for dist in installed_distributions() if dists is None else dists:
+        # importlib's folder-derived name, when it has one, spares parsing every METADATA
+        quick = getattr(dist, "_normalized_name", None)
+        if isinstance(quick, str) and not quick.lower().startswith("lmcache"):
+            continue
+        name = _dist_name(dist)
+        if not canonical_name(name).startswith(PLUGIN_PREFIXES):
+            continue
+        try:
+            eps = list(dist.entry_points)
+            version = dist.version
+        except Exception:
+            eps, version = [], None
+        if any(ep.group == group for ep in eps):
+            continue
+        found.setdefault(canonical_name(name), (name, version, eps))
+    return [found[k] for k in sorted(found)]
+
+
+def _no_entry_point_error(name: str, eps: list[EntryPoint]) -> str:
+    module = canonical_name(name).replace("-", "_")
+    msg = f"installed, but declares no entry point in group {ENTRY_POINT_GROUP!r}, so it is never loaded"
+    if eps:
+        declared = ", ".join(f"[{ep.group}] {ep.name} = {ep.value}" for ep in eps)
+        msg += f" (it declares {declared}: a wrong group?)"
+    return (
+        f"{msg}; its pyproject.toml needs [project.entry-points.{ENTRY_POINT_GROUP}] "
+        f'{canonical_name(name)} = "{module}.plugin"'
+    )
+
+
+def _no_hook_error(plugin: object) -> str:
+    marker = f"{hookspecs.PROJECT_NAME}_impl"
+    loose = sorted(
+        n
+        for n in dir(plugin)
+        if n.startswith("lmcache_")
+        and callable(getattr(plugin, n, None))
+        and not hasattr(getattr(plugin, n), marker)
+    )
+    known = ", ".join(sorted(n for n in dir(hookspecs) if n.startswith("lmcache_")))
+    if loose:
+        return (
+            f"implements no hook: {', '.join(loose)} is not decorated with @hookimpl "
+            "(from lmcache_core.plugins import hookimpl), so pluggy ignores it"
+        )
+    return f"implements no hook (the hooks are: {known})"
 
 
 def new_plugin_manager() -> pluggy.PluginManager:
@@ -137,7 +218,20 @@ class _Loader:
             self.drop(info)
             self.fail(info, "failed", f"invalid plugin: {_error_text(exc)}", exc)
             return False
+        if not info.hooks:
+            self.drop(info)
+            self.fail(info, "misconfigured", f"{info.target!r} {_no_hook_error(plugin)}")
+            return False
         return True
+
+    def flag_unregistered(self, dists: Iterable[Distribution] | None) -> None:
+        """Report plugin-named distributions that no entry point of ours loads."""
+        for name, version, eps in unregistered_distributions(dists):
+            info = PluginInfo(name=canonical_name(name), version=version, distribution=name)
+            if self.settings.skip_reason(name) is not None:
+                continue
+            self.infos.append(info)
+            self.fail(info, "misconfigured", _no_entry_point_error(name, eps))
 
     def run_hooks(self, info: PluginInfo, plugin: object) -> None:
         """Call ``plugin``'s implementations of the load hooks, in :data:`LOAD_HOOKS` order."""
@@ -167,11 +261,14 @@ def load_plugins(
     entry_points: Iterable[EntryPoint] | None = None,
     settings: PluginSettings | None = None,
     environ: Mapping[str, str] | None = None,
+    distributions: Iterable[Distribution] | None = None,
 ) -> pluggy.PluginManager:
     """Load the built-in plugin and every installed plugin into ``registry``.
 
     ``entry_points`` replaces discovery (tests pass fake ones); ``settings`` replaces the
     ``LMCACHE_CORE_*_PLUGINS`` environment (read from ``environ``, default ``os.environ``).
+    ``distributions`` replaces the installed distributions checked for a missing entry
+    point (by default they are checked only when ``entry_points`` is not given).
     Fills ``registry.plugins`` and ``registry.plugin_manager`` and returns the manager.
     """
     settings = settings if settings is not None else PluginSettings.from_env(environ)
@@ -199,6 +296,8 @@ def load_plugins(
         info = loader.admit(ep)
         if info is not None:
             admitted.append(info)
+    if entry_points is None or distributions is not None:
+        loader.flag_unregistered(distributions)
 
     # The built-in plugin's hooks run first and never fail quietly (that would be a bug).
     loader.run_hooks(core, builtin)

@@ -3,14 +3,18 @@
 Plugins fill it from their ``lmcache_register_backends(registry)`` hook with
 ``registry.add("package.module:Class", name=..., schemes=...)``; the class is imported on
 first use only, so listing plugins imports nothing heavy. A name registered twice raises
-(a silent backend swap is a data bug) unless ``override=True``. An unknown name raises an
-error that says what is registered and which ``pip install`` provides the name.
+(a silent backend swap is a data bug) unless ``override=True``; a replacement is logged and
+recorded (:attr:`BackendSpec.replaces`) so that ``plugins`` and ``backends`` show it. An
+unknown name raises an error that says what is registered, which installed plugin failed to
+load, and the command that installs the first-party distribution providing the name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
+import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,15 +34,18 @@ __all__ = [
     "BackendRegistry",
     "BackendSpec",
     "get_registry",
+    "install_hint",
     "load_backend_class",
 ]
 
-#: First-party backend names and the distribution that provides each.
+log = logging.getLogger("lmcache_core.plugins")
+
+#: First-party backend names and the distribution that provides each. Only distributions
+#: that exist in the repository (``backends/<dist>``; a test checks each one).
 KNOWN_BACKENDS: dict[str, str] = {
     "cpu": "lmcache-core",
     "disk": "lmcache-backend-disk",
     "s3": "lmcache-backend-s3",
-    "gds": "lmcache-backend-gds",
 }
 #: URL schemes of first-party backends and the backend name that handles each.
 KNOWN_SCHEMES: dict[str, str] = {
@@ -47,8 +54,17 @@ KNOWN_SCHEMES: dict[str, str] = {
     "file": "disk",
     "disk": "disk",
     "s3": "s3",
-    "gds": "gds",
 }
+#: Plugins that did not load listed at most in an unknown-backend message.
+_MAX_NOTED_PLUGINS = 3
+
+
+def install_hint(dist: str) -> str:
+    """The command that installs first-party distribution ``dist`` from a checkout of
+    lmcache-core (first-party backends live in ``backends/<dist>``)."""
+    if dist == "lmcache-core":
+        return "pip install -e . (in an lmcache-core checkout)"
+    return f"pip install ./backends/{dist} (in an lmcache-core checkout)"
 
 
 class BackendLoadError(PluginError, ImportError):
@@ -96,6 +112,8 @@ class BackendSpec:
     schemes: tuple[str, ...] = ()
     install_hint: str | None = None
     provider: str = "unknown"
+    replaces: str | None = None
+    """Provider of the registration this one replaced with ``override=True``, if any."""
     _cls: type[Any] | None = field(default=None, repr=False)
 
     @property
@@ -160,7 +178,9 @@ class BackendRegistry:
         ``schemes`` are URL schemes the backend handles (``s3`` for ``s3://bucket``).
         Registering a name or scheme that is already taken raises
         :class:`~lmcache_core.errors.DuplicateBackendError` naming both providers, unless
-        ``override=True``.
+        ``override=True``. A replacement is logged as a warning, recorded in
+        :attr:`BackendSpec.replaces`, and keeps the URL schemes of the backend it replaces
+        (``memory://`` still reaches a replaced ``cpu``).
         """
         if not isinstance(name, str) or not name or name != name.strip() or ":" in name:
             raise PluginError(f"invalid backend name {name!r}")
@@ -192,12 +212,39 @@ class BackendRegistry:
                             f"{prov!r}; pass override=True to replace it on purpose"
                         )
             old = self._specs.get(name)
+            replaces = None
+            all_schemes = tuple(dict.fromkeys(schemes))
             if old is not None:
-                for s in old.schemes:
-                    if self._schemes.get(s) == name:
-                        del self._schemes[s]
-            self._specs[name] = BackendSpec(name, target, tuple(schemes), install_hint, prov)
+                replaces = old.provider
+                kept = tuple(s for s in old.schemes if self._schemes.get(s) == name)
+                all_schemes = tuple(dict.fromkeys((*all_schemes, *kept)))
+                log.warning(
+                    "backend %r registered by %r is replaced by %r's %s (override=True)",
+                    name,
+                    old.provider,
+                    prov,
+                    target if isinstance(target, str) else target.__qualname__,
+                )
             for s in schemes:
+                owner = self._schemes.get(s)
+                if owner is not None and owner != name:
+                    log.warning(
+                        "URL scheme %r of backend %r (registered by %r) now goes to backend "
+                        "%r of %r (override=True)",
+                        s,
+                        owner,
+                        self._specs[owner].provider,
+                        name,
+                        prov,
+                    )
+                    spec_owner = self._specs[owner]
+                    self._specs[owner] = dataclasses.replace(
+                        spec_owner, schemes=tuple(x for x in spec_owner.schemes if x != s)
+                    )
+            self._specs[name] = BackendSpec(
+                name, target, all_schemes, install_hint, prov, replaces=replaces
+            )
+            for s in all_schemes:
                 self._schemes[s] = name
 
     def get(self, name: str) -> BackendSpec:
@@ -218,9 +265,7 @@ class BackendRegistry:
             f"no backend handles URL scheme {scheme!r}; registered schemes: {sorted(self._schemes)}"
         )
         known = KNOWN_SCHEMES.get(scheme)
-        if known is not None:
-            msg += f"; `pip install {KNOWN_BACKENDS[known]}` provides it"
-            msg += self._plugin_note(KNOWN_BACKENDS[known])
+        msg += self._provider_note(scheme, KNOWN_BACKENDS[known] if known else None)
         raise UnknownBackendError(msg)
 
     def names(self) -> list[str]:
@@ -239,22 +284,35 @@ class BackendRegistry:
         """The error text for an unknown backend ``name``."""
         msg = f"unknown backend {name!r}; registered: {', '.join(self.names()) or '(none)'}"
         dist = KNOWN_BACKENDS.get(name)
-        if dist is not None:
-            msg += f"; `pip install {dist}` provides it"
-            msg += self._plugin_note(dist)
-        else:
+        if dist is None:
             close = difflib.get_close_matches(name, self.names(), n=1)
             if close:
                 msg += f"; did you mean {close[0]!r}?"
-        return msg
+        return msg + self._provider_note(name, dist)
 
-    def _plugin_note(self, dist: str) -> str:
-        for info in self.plugins:
-            if dist in (info.name, info.distribution) and info.status != "ok":
-                if info.status == "disabled":
-                    return f" (it is installed but {info.error})"
-                return f" (it is installed but {info.status}: {info.error})"
-        return ""
+    def _provider_note(self, wanted: str, dist: str | None) -> str:
+        """What to tell about the plugin that would provide ``wanted`` (a name or scheme).
+
+        For a first-party ``dist``: how to install it, or why its installed plugin did not
+        load. Otherwise the installed plugins that did not load (the likeliest first),
+        since one of them may be the provider.
+        """
+        bad = [p for p in self.plugins if p.status != "ok" and not p.builtin]
+        if dist is not None:
+            for info in bad:
+                if dist in (info.name, info.distribution):
+                    return f"; {dist} is installed but its plugin {_why_not_loaded(info)}"
+            return f"; {dist} provides it: {install_hint(dist)}"
+        if not bad:
+            return ""
+        key = wanted.lower()
+        bad.sort(key=lambda p: key not in p.name.lower())
+        shown = bad[:_MAX_NOTED_PLUGINS]
+        more = len(bad) - len(shown)
+        notes = "; ".join(f"{p.describe()} {_why_not_loaded(p)}" for p in shown)
+        which = "one of them may provide it" if len(bad) > 1 else "it may provide it"
+        tail = f" (and {more} more: lmcache-core plugins)" if more else ""
+        return f"; installed plugin(s) that did not load ({which}): {notes}{tail}"
 
     # -- used by the loader to undo what a failing plugin registered
     def _snapshot(self) -> tuple[dict[str, BackendSpec], dict[str, str]]:
@@ -264,6 +322,12 @@ class BackendRegistry:
     def _restore(self, snap: tuple[dict[str, BackendSpec], dict[str, str]]) -> None:
         with self._lock:
             self._specs, self._schemes = dict(snap[0]), dict(snap[1])
+
+
+def _why_not_loaded(info: PluginInfo) -> str:
+    if info.status == "disabled":
+        return f"is not loaded: {info.error}"
+    return f"failed to load ({info.status}): {info.error}"
 
 
 _lock = threading.Lock()

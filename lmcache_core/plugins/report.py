@@ -7,12 +7,17 @@ from typing import Any, Literal
 
 from ..errors import PluginError
 
-__all__ = ["PluginInfo", "PluginLoadError", "PluginStatus"]
+__all__ = ["ERROR_STATUSES", "PluginInfo", "PluginLoadError", "PluginStatus"]
 
 #: ``ok``: loaded and its hooks ran. ``failed``: raised on import or in a hook, or has an
 #: invalid hook. ``incompatible``: built for another lmcache-core / hook interface.
 #: ``disabled``: left out by ``LMCACHE_CORE_DISABLE_PLUGINS`` / ``LMCACHE_CORE_LOAD_PLUGINS``.
-PluginStatus = Literal["ok", "failed", "incompatible", "disabled"]
+#: ``misconfigured``: installed but never usable as packaged: a ``lmcache-backend-*``
+#: distribution without an entry point in group ``lmcache_core``, or a plugin module that
+#: implements no hook (a hook function without ``@hookimpl``).
+PluginStatus = Literal["ok", "failed", "incompatible", "disabled", "misconfigured"]
+#: Statuses that ``plugins --strict`` and ``LMCACHE_CORE_STRICT_PLUGINS=1`` treat as errors.
+ERROR_STATUSES: frozenset[str] = frozenset({"failed", "incompatible", "misconfigured"})
 
 
 @dataclass

@@ -10,6 +10,9 @@ Run as a script (``python disk_fault_worker.py MODE ...``); prints one JSON line
     Stores CHUNK-byte values under keys 0..KEYS-1 (random versions) for SECONDS.
 ``reader DIR SECONDS CHUNK SEED``
     Reads random keys for SECONDS; every hit must equal one of the key's versions.
+``ownerkill DIR``
+    Starts a backend that dies (SIGKILL) between creating its owner file under its
+    temporary name and renaming it into place.
 ``pinner DIR TTL FIRST N``
     Pins keys FIRST..FIRST+N-1 (``pin_many``, TTL seconds), prints ``{"pinned": n}``, waits
     for its stdin to close, then unpins them and reports.
@@ -111,6 +114,18 @@ def kill_loop(path: str, rounds: int, seed: int) -> dict[str, Any]:
     return {"kills": kills, "left_temps": left_temps}
 
 
+def owner_kill(path: str) -> None:
+    real_rename = os.rename
+
+    def rename(src: Any, dst: Any, **kwargs: Any) -> None:
+        if str(src).endswith(".new"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        real_rename(src, dst, **kwargs)
+
+    os.rename = rename  # type: ignore[assignment]
+    asyncio.run(backend(path, 1 << 30).start())
+
+
 # --------------------------------------------------------------------------- soak
 async def writer(
     path: str, seconds: float, max_bytes: int, chunk: int, seed: int
@@ -176,6 +191,9 @@ def main(argv: list[str]) -> None:
     mode = argv[0]
     if mode == "killloop":
         result = kill_loop(argv[1], int(argv[2]), int(argv[3]))
+    elif mode == "ownerkill":
+        owner_kill(argv[1])
+        raise SystemExit("ownerkill: the backend started without renaming an owner file")
     elif mode == "writer":
         result = asyncio.run(
             writer(argv[1], float(argv[2]), int(argv[3]), int(argv[4]), int(argv[5]))

@@ -217,3 +217,35 @@ def test_console_script_runs_verify(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["verify"][0]["checked"] == 4
+
+
+def test_damaged_index_is_healed_and_reported_never_a_traceback(tmp_path: Path) -> None:
+    """A corrupted index, crafted rows and a refused root: verify/gc report, never raise."""
+    root = str(tmp_path / "tier")
+    _fill(root, per_model=5)
+    index = os.path.join(root, META_DIR, INDEX_FILE)
+    with open(index, "r+b") as f:  # the index's root pages zeroed
+        f.seek(4096)
+        f.write(bytes(8192))
+    rc, doc, err = cli("verify", "--path", root, "--json")
+    assert rc == 0 and doc["verify"][0]["checked"] == 10 and doc["verify"][0]["bad"] == 0, err
+    assert "Traceback" not in err
+    con = sqlite3.connect(index)
+    with con:
+        con.execute("INSERT INTO entries VALUES ('../../etc/passwd', -5, 0)")
+        con.execute("INSERT INTO pending(owner, path, tmp, size, started) VALUES "
+                    "('/etc', 'x', 'y', 1, 0)")  # fmt: skip
+        con.execute("UPDATE totals SET used = -1")
+    con.close()
+    rc, doc, err = cli("gc", "--path", root, "--json")
+    assert rc == 0 and "Traceback" not in err, err
+    assert doc["gc"][0]["remaining"]["entries"] == 10
+    rc, doc, _ = cli("verify", "--path", root, "--json")
+    assert rc == 0 and doc["verify"][0]["bad"] == 0
+    os.chmod(root, 0o777)  # now anyone could plant files in it: refused, reported
+    try:
+        rc, doc, err = cli("verify", "--path", root, "--json")
+        assert rc == 1 and "Traceback" not in err
+        assert "writable by every user" in doc["verify"][0]["error"]
+    finally:
+        os.chmod(root, 0o700)

@@ -4,9 +4,12 @@ multi-process soak under a shared bound. Everything here uses real files and pro
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import random
+import re
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -55,14 +58,71 @@ def test_sigkilled_writers_leave_complete_entries_or_nothing(tmp_path: Path) -> 
             usage = await b.usage()
             assert usage["entries"] == len(files) == present
             assert usage["used_bytes"] == sum(files.values()), "index disagrees with the files"
-            assert os.listdir(os.path.join(root, META_DIR, OWNERS_DIR)) == [b.owner]
             async for entry in b.scan():
                 assert await b.verify_entry(entry)
             assert b.stats()["bad_objects"] == 0
+            # Every killed writer's owner file was reaped. One killed between creating its
+            # owner file and renaming it into place leaves ".<id>.new", kept while younger
+            # than a minute (a live creator may be between creating and locking it).
+            owners = os.path.join(root, META_DIR, OWNERS_DIR)
+            left = sorted(set(os.listdir(owners)) - {b.owner})
+            assert b.owner in os.listdir(owners)
+            assert all(_dead_owner_tmp(owners, name) for name in left), left
+            _age(owners, left, 120)
+            await b.reconcile()
+            assert os.listdir(owners) == [b.owner]
         finally:
             await b.close()
 
     run(check())
+
+
+def _dead_owner_tmp(owners: str, name: str) -> bool:
+    """``name`` is the temporary owner file of a creator that died before renaming it."""
+    if re.fullmatch(r"\.[0-9a-f]{16}\.new", name) is None:
+        return False
+    fd = os.open(os.path.join(owners, name), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while its creator lives
+        return True
+    finally:
+        os.close(fd)
+
+
+def _age(directory: str, names: list[str], seconds: float) -> None:
+    then = time.time() - seconds
+    for name in names:
+        os.utime(os.path.join(directory, name), (then, then))
+
+
+def test_a_writer_killed_while_creating_its_owner_file_leaves_it_for_a_minute(
+    tmp_path: Path,
+) -> None:
+    """The window behind the kill test's rare leftover, made certain: a writer killed
+    after creating ``.<id>.new`` and before renaming it into place. Another backend's
+    start keeps the file while it is fresh (its creator could be about to lock it) and
+    the first reap after a minute removes it."""
+    root = str(tmp_path / "tier")
+    owners = os.path.join(root, META_DIR, OWNERS_DIR)
+
+    async def others() -> list[str]:
+        b = _open(root)
+        await b.start()
+        try:
+            return sorted(set(os.listdir(owners)) - {b.owner})
+        finally:
+            await b.close()
+
+    assert run(others()) == []
+    proc = start_worker("ownerkill", root)
+    proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    left = os.listdir(owners)
+    assert len(left) == 1 and _dead_owner_tmp(owners, left[0]), left
+    assert run(others()) == left  # fresh: kept
+    _age(owners, left, 120)
+    assert run(others()) == []  # a minute old and unlocked: removed
+    assert os.listdir(owners) == []
 
 
 # ----------------------------------------------------------------------------- corruption

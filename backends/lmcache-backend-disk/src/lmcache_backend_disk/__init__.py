@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["DiskBackend", "DiskOptions", "__version__", "aligned_empty"]
+__all__ = ["DiskBackend", "DiskOptions", "DiskTierError", "__version__", "aligned_empty"]
 
 if TYPE_CHECKING:
     from .aligned import aligned_empty
-    from .backend import DiskBackend
+    from .backend import DiskBackend, DiskTierError
     from .options import DiskOptions
 
 
@@ -26,6 +26,10 @@ def __getattr__(name: str) -> Any:
         from .backend import DiskBackend
 
         return DiskBackend
+    if name == "DiskTierError":
+        from .backend import DiskTierError
+
+        return DiskTierError
     if name == "DiskOptions":
         from .options import DiskOptions
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import time
 
 import torch
 
@@ -77,13 +78,27 @@ class AlignedBuffer:
 
 
 class BufferPool:
-    """Reusable :class:`AlignedBuffer` objects, by size, holding at most ``max_bytes`` idle."""
+    """Reusable :class:`AlignedBuffer` objects, by size.
 
-    def __init__(self, max_bytes: int) -> None:
+    At most ``max_bytes`` of buffers are kept idle, and an idle buffer not taken again
+    within ``idle_seconds`` is released (a timer thread does it, so a backend that goes
+    quiet gives its staging memory back without waiting for ``close()``). Buffers in use
+    are not counted: each I/O in flight holds one.
+    """
+
+    def __init__(self, max_bytes: int, idle_seconds: float = 5.0) -> None:
         self.max_bytes = max_bytes
-        self._free: dict[int, list[AlignedBuffer]] = {}
+        self.idle_seconds = idle_seconds
+        self._free: dict[int, list[tuple[AlignedBuffer, float]]] = {}
         self._idle = 0
         self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._closed = False
+
+    @property
+    def idle_bytes(self) -> int:
+        """Bytes of the buffers kept for reuse now."""
+        return self._idle
 
     def take(self, nbytes: int) -> AlignedBuffer:
         """A buffer of at least ``nbytes`` (rounded up to ``ALIGN``)."""
@@ -92,43 +107,89 @@ class BufferPool:
             bucket = self._free.get(size)
             if bucket:
                 self._idle -= size
-                return bucket.pop()
+                buf = bucket.pop()[0]
+                if not bucket:
+                    del self._free[size]
+                return buf
         return AlignedBuffer(size)
 
     def give(self, buf: AlignedBuffer) -> None:
-        """Return a buffer for reuse (dropped when the pool is full)."""
+        """Return a buffer for reuse (released when the pool is full)."""
+        now = time.monotonic()
         with self._lock:
-            while self._idle + buf.nbytes > self.max_bytes and self._free:
-                size = next(iter(self._free))
-                victim = self._free[size].pop()
-                if not self._free[size]:
-                    del self._free[size]
-                self._idle -= size
-                victim.close()
-            if self._idle + buf.nbytes <= self.max_bytes:
-                self._free.setdefault(buf.nbytes, []).append(buf)
-                self._idle += buf.nbytes
+            if self._closed or buf.nbytes > self.max_bytes:
+                buf.close()
                 return
-        buf.close()
+            while self._idle + buf.nbytes > self.max_bytes:
+                self._drop_oldest()
+            self._free.setdefault(buf.nbytes, []).append((buf, now))
+            self._idle += buf.nbytes
+            if self._timer is None:
+                self._schedule(self.idle_seconds)
+
+    def _drop_oldest(self) -> None:
+        size = min(self._free, key=lambda s: self._free[s][0][1])
+        bucket = self._free[size]
+        victim = bucket.pop(0)[0]
+        if not bucket:
+            del self._free[size]
+        self._idle -= size
+        victim.close()
+
+    def _schedule(self, delay: float) -> None:
+        timer = threading.Timer(delay, self.release_idle)
+        timer.daemon = True
+        self._timer = timer
+        timer.start()
+
+    def release_idle(self, now: float | None = None) -> int:
+        """Release the buffers idle for ``idle_seconds`` or more; the bytes released."""
+        now = time.monotonic() if now is None else now
+        released = 0
+        with self._lock:
+            self._timer = None
+            for size in list(self._free):
+                bucket = self._free[size]
+                keep = [(b, t) for b, t in bucket if now - t < self.idle_seconds]
+                for b, t in bucket:
+                    if now - t >= self.idle_seconds:
+                        b.close()
+                        released += size
+                if keep:
+                    self._free[size] = keep
+                else:
+                    del self._free[size]
+            self._idle -= released
+            if self._free and not self._closed:
+                youngest = max(t for bucket in self._free.values() for _, t in bucket)
+                self._schedule(max(0.05, youngest + self.idle_seconds - now))
+        return released
 
     def clear(self) -> None:
+        """Release every idle buffer and stop the timer (buffers given back later are
+        released at once)."""
         with self._lock:
+            self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             for bucket in self._free.values():
-                for buf in bucket:
+                for buf, _ in bucket:
                     buf.close()
             self._free.clear()
             self._idle = 0
 
 
-def probe_direct_io(directory: str, name: str) -> bool:
-    """Whether files in ``directory`` accept ``O_DIRECT`` writes and reads of aligned blocks."""
+def probe_direct_io(dir_fd: int, name: str) -> bool:
+    """Whether files in the directory ``dir_fd`` accept ``O_DIRECT`` writes and reads of
+    aligned blocks (probed with a new file ``name``, removed afterwards)."""
     flag = getattr(os, "O_DIRECT", 0)
     if not flag:
         return False
-    path = os.path.join(directory, name)
     buf = AlignedBuffer(ALIGN)
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW | flag
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | flag, 0o600)
+        fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
     except OSError:
         buf.close()
         return False
@@ -143,7 +204,7 @@ def probe_direct_io(directory: str, name: str) -> bool:
     finally:
         os.close(fd)
         try:
-            os.unlink(path)
+            os.unlink(name, dir_fd=dir_fd)
         except OSError:
             pass
         buf.close()

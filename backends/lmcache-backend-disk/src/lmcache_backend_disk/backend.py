@@ -9,19 +9,22 @@
   removed and counted. Readers hold a shared ``flock``, so eviction skips what is read.
 * All file and index work runs in a pool of ``concurrency`` threads (measured faster than
   aiofiles, see ``docs/backends/disk.md``); the event loop only schedules.
-* Maintenance (scan / verify / delete / reconcile) is in :mod:`.maint`.
+* Maintenance (scan / verify / delete / reconcile) is in :mod:`.maint`, cross-process pins
+  in :mod:`.pins`.
+* The directory is a sandbox (:mod:`.sandbox`): every path below the root is reached
+  relative to the root's descriptor without following any symbolic link, and a root that
+  another user controls is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import fcntl
+import errno
 import itertools
 import logging
 import os
 import sqlite3
-import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -30,30 +33,36 @@ from typing import Any, TypeVar
 import torch
 
 from lmcache_core.backend import BaseBackend, Capabilities
-from lmcache_core.errors import ConfigError
+from lmcache_core.errors import ConfigError, LMCacheError
 from lmcache_core.keys import CacheEngineKey, Namespace
 from lmcache_core.options import build_options
 
 from . import layout
 from .aligned import BufferPool, probe_direct_io
-from .index import SharedIndex
+from .index import IndexUnavailable
 from .maint import DiskMaintenance
 from .objects import ObjectIO, ReadOutcome, ReadResult
 from .options import DiskOptions, dir_mode, parse_mode
-from .owners import OwnerLock, new_owner_id
+from .owners import OWNERS, OwnerLock, new_owner_id
 from .pins import DiskPins
 from .recovery import DiskRecovery
-from .state import Counters, unlink_quiet
+from .sandbox import TierDir, open_root
+from .shared_index import SharedIndex
+from .state import Counters
 from .store import DiskStore
 
-__all__ = ["DiskBackend"]
+__all__ = ["DiskBackend", "DiskTierError"]
 
 log = logging.getLogger("lmcache_core.disk")
 T = TypeVar("T")
 
-#: Idle O_DIRECT staging buffers kept for reuse, per backend.
-STAGING_POOL_BYTES = 1 << 30
-_EVICT_BATCH = 64
+#: Seconds after which an idle staging buffer is released.
+STAGING_IDLE_S = 30.0
+
+
+class DiskTierError(LMCacheError, OSError):
+    """The tier cannot start (a read-only or full filesystem, no permission, ...): the
+    message says what failed where and what to do."""
 
 
 class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBackend):
@@ -85,13 +94,20 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         self._index: SharedIndex | None = None
         self._io: ObjectIO | None = None
         self._owner_lock: OwnerLock | None = None
-        self._buffers = BufferPool(STAGING_POOL_BYTES)
+        self._tier: TierDir | None = None
+        self._buffers = BufferPool(opts.staging_bytes, STAGING_IDLE_S)
         self._touches: dict[str, float] = {}
         self._touch_lock = threading.Lock()
         self._last_flush = 0.0
         self._totals = (0, 0)
         self._unpin_later: list[int] = []
         self._unpin_lock = threading.Lock()
+        self._heal_lock = threading.Lock()
+        self._heal_thread: threading.Thread | None = None
+        self._heal_timer: threading.Timer | None = None
+        self._closing = False
+        self._last_audit = time.monotonic()
+        self._last_owner_check = time.monotonic()
         self.counters = Counters()
 
     # ================================================================== plumbing
@@ -99,7 +115,14 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
     def meta_dir(self) -> str:
         return os.path.join(self.root, layout.META_DIR)
 
+    @property
+    def tier(self) -> TierDir:
+        """The root directory's descriptor-relative, link-free access (after start)."""
+        assert self._tier is not None
+        return self._tier
+
     def _abs(self, rel: str) -> str:
+        """The path of ``rel`` as text (for messages and tests; I/O goes through :attr:`tier`)."""
         return os.path.join(self.root, rel)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -185,7 +208,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
             initargs=(self.opts.io_nice,),
         )
         try:
-            await self._call(self._start_sync)
+            await self._call(self._start_guarded)
             await self._warm_pool()
         except BaseException:
             await asyncio.get_running_loop().run_in_executor(None, self._shutdown_sync)
@@ -206,41 +229,72 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
 
         await self._await_all([self._exec.submit(meet) for _ in range(n)])
 
+    def _start_guarded(self) -> None:
+        """:meth:`_start_sync`, its storage errors turned into a :class:`DiskTierError`
+        that says what to do."""
+        try:
+            self._start_sync()
+        except (ConfigError, DiskTierError):
+            raise
+        except (OSError, sqlite3.Error) as exc:
+            raise DiskTierError(_start_error(self.root, exc)) from exc
+
     def _start_sync(self) -> None:
         durable = self.opts.fsync
-        layout.make_dirs(self.root, self.dir_mode, durable=durable)
-        owners = os.path.join(self.meta_dir, layout.OWNERS_DIR)
-        layout.make_dirs(owners, self.dir_mode, durable=durable)
-        self._owner_lock = OwnerLock(self.root, self.owner, self.file_mode)
+        self._tier = open_root(self.root, self.dir_mode, self.file_mode, durable=durable)
+        tier = self._tier
+        new_dirs = self._make_meta_dirs()
+        if durable:
+            for d in new_dirs:
+                tier.fsync_dir(d)
+        self._owner_lock = OwnerLock(tier, self.owner, self.file_mode)
         if self.opts.direct_io != "false":
-            self.direct_io = probe_direct_io(self.meta_dir, f".probe-{self.owner}")
+            with tier.dir(layout.META_DIR) as meta_fd:
+                self.direct_io = probe_direct_io(meta_fd, f".probe-{self.owner}")
             if not self.direct_io and self.opts.direct_io == "true":
                 raise ConfigError(
                     f"the filesystem of {self.root} refuses O_DIRECT", "options.direct_io"
                 )
         self._io = ObjectIO(
-            self.root,
+            tier,
             self.file_mode,
             self.dir_mode,
             direct=self.direct_io,
             durable=durable,
             pool=self._buffers,
         )
-        self._index = SharedIndex(os.path.join(self.meta_dir, layout.INDEX_FILE), self.file_mode)
-        lock_fd = os.open(
-            os.path.join(self.meta_dir, layout.INDEX_LOCK),
-            os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-            self.file_mode,
-        )
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            if not self._index.open():
-                self._rebuild_sync()
-        finally:
-            os.close(lock_fd)  # releases the flock
+        self._index = SharedIndex(tier, self.file_mode, on_damage=self._index_damaged)
+        with self._index_lock():
+            self._open_index_locked()
         self._reap_sync()
         with self.index.snapshot() as tx:
             self._totals = tx.totals()
+
+    def _make_meta_dirs(self) -> list[str]:
+        """Create ``.lmcache-disk/owners`` (links or files in their place are removed),
+        checking each level before going into it; the parents to fsync."""
+        umask = layout.current_umask()
+        new_dirs = self.tier.make_dirs(layout.META_DIR, self.dir_mode, umask)
+        self._check_meta_dir(layout.META_DIR)
+        new_dirs += self.tier.make_dirs(OWNERS, self.dir_mode, umask)
+        self._check_meta_dir(OWNERS)
+        return new_dirs
+
+    def _check_meta_dir(self, rel: str) -> None:
+        """``rel`` must not be writable by every user (ours is fixed; another user's is
+        refused, naming the fix)."""
+        with self.tier.dir(rel) as fd:
+            st = os.fstat(fd)
+            if not st.st_mode & 0o002:
+                return
+            if st.st_uid == os.geteuid():
+                os.fchmod(fd, self.dir_mode)
+                return
+        raise ConfigError(
+            f"refusing tier {self.root}: {rel} is writable by every user and belongs to "
+            f"uid {st.st_uid}; its owner should run `chmod o-w {self._abs(rel)}`",
+            "options.path",
+        )
 
     async def _close(self) -> None:
         try:
@@ -250,6 +304,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
             await asyncio.get_running_loop().run_in_executor(None, self._shutdown_sync)
 
     def _shutdown_sync(self) -> None:
+        self._stop_healing()
         if self._exec is not None:
             self._exec.shutdown(wait=True)
         if self._index is not None:
@@ -257,6 +312,9 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         if self._owner_lock is not None:
             self._owner_lock.release()
         self._buffers.clear()
+        if self._tier is not None:
+            self.counters.links_removed = self._tier.links_removed
+            self._tier.close()
 
     # ================================================================== reads
     def _rel(self, key: CacheEngineKey) -> str:
@@ -274,13 +332,8 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         return [hit for part in parts for hit in part]
 
     def _exists_sync(self, rels: list[str]) -> list[bool]:
-        out = []
-        for rel in rels:
-            try:
-                out.append(stat.S_ISREG(os.lstat(self._abs(rel)).st_mode))
-            except OSError:
-                out.append(False)
-        return out
+        exists = self.tier.exists
+        return [exists(rel) for rel in rels]
 
     async def _get(self, key: CacheEngineKey) -> torch.Tensor | None:
         return await self._call(self._get_sync, key)
@@ -299,7 +352,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
     def _get_sync(self, key: CacheEngineKey) -> torch.Tensor | None:
         rel = self._rel(key)
         try:
-            res = self.io.read_new(self._abs(rel), key.to_string(), self._ns_json)
+            res = self.io.read_new(rel, key.to_string(), self._ns_json)
         except OSError as exc:
             self._read_error(rel, exc)
             return None
@@ -308,7 +361,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
     def _get_into_sync(self, key: CacheEngineKey, out: torch.Tensor) -> bool:
         rel = self._rel(key)
         try:
-            res = self.io.read_into(self._abs(rel), key.to_string(), self._ns_json, out)
+            res = self.io.read_into(rel, key.to_string(), self._ns_json, out)
         except OSError as exc:
             self._read_error(rel, exc)
             return False
@@ -328,6 +381,12 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
             self._forget_missing_sync(rel)
         elif res.outcome is ReadOutcome.BUSY:
             self.counters.busy_misses += 1
+        elif res.outcome is ReadOutcome.LINK:
+            self.counters.bad_objects += 1
+            log.warning(
+                "disk tier %s: a symbolic link is planted at %s; removing it", self.root, rel
+            )
+            self._remove_link_sync(rel)
         elif res.outcome is ReadOutcome.BAD:
             self.counters.bad_objects += 1
             log.warning(
@@ -347,31 +406,47 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
                 if tx.entry_size(rel) is None:
                     return
             with self.index.transaction() as tx:
-                if not os.path.lexists(self._abs(rel)) and tx.delete_entry(rel):
+                if self.tier.lstat(rel) is None and tx.delete_entry(rel):
                     self.counters.stale_rows_removed += 1
                 self._totals = tx.totals()
-        except sqlite3.Error as exc:
+        except IndexUnavailable:
+            self.counters.index_unavailable += 1
+        except (OSError, sqlite3.Error) as exc:
             self.counters.index_errors += 1
             log.warning("disk tier %s: could not drop the row of %s: %s", self.root, rel, exc)
 
     def _remove_bad_sync(self, rel: str, inode: tuple[int, int] | None) -> None:
         """Remove ``rel`` if it is still the very file found bad (not a fresh replacement)."""
-        path = self._abs(rel)
         try:
             with self.index.transaction() as tx:
-                try:
-                    st = os.lstat(path)
-                except FileNotFoundError:
+                st = self.tier.lstat(rel)
+                if st is None:
                     tx.delete_entry(rel)
                     return
                 if inode is None or (st.st_dev, st.st_ino) == inode:
-                    os.unlink(path)
+                    self.tier.unlink(rel)
                     tx.delete_entry(rel)
                     self.counters.bad_removed += 1
                 self._totals = tx.totals()
+        except IndexUnavailable:
+            self.counters.index_unavailable += 1
         except (OSError, sqlite3.Error) as exc:
             self.counters.index_errors += 1
             log.warning("disk tier %s: could not remove bad object %s: %s", self.root, rel, exc)
+
+    def _remove_link_sync(self, rel: str) -> None:
+        """Remove the links planted on the way to ``rel`` (the links, never their targets)
+        and the index row of ``rel``."""
+        try:
+            self.tier.remove_links(rel)
+            with self.index.transaction() as tx:
+                tx.delete_entry(rel)
+                self._totals = tx.totals()
+        except IndexUnavailable:
+            self.counters.index_unavailable += 1
+        except (OSError, sqlite3.Error) as exc:
+            self.counters.index_errors += 1
+            log.warning("disk tier %s: could not remove the link at %s: %s", self.root, rel, exc)
 
     # ------------------------------------------------------------------ LRU touches
     def _touch(self, rel: str) -> None:
@@ -391,8 +466,8 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
 
     def _flush_touches_sync(self, final: bool) -> None:
         items = self._take_touches()
-        if not items or self._index is None:
-            return
+        if not items or self._index is None or self._index.unavailable is not None:
+            return  # (read times are dropped while the index is rebuilt)
         try:
             with self.index.transaction() as tx:
                 tx.touch(items)
@@ -406,20 +481,27 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         return await self._call(self._remove_rel_sync, self._rel(key))
 
     def _remove_rel_sync(self, rel: str) -> bool:
+        """Remove the object at ``rel`` and its row. A storage error (a read-only
+        filesystem, no permission) is logged and counted, never raised: ``False``."""
         if not layout.is_object_relpath(rel):
             raise ValueError(f"{rel!r} is not an object location of a disk tier")
-        path = self._abs(rel)
         try:
-            with self.index.transaction() as tx:
-                removed = unlink_quiet(path)
-                tx.delete_entry(rel)
-                self._totals = tx.totals()
-        except sqlite3.Error as exc:
-            self.counters.index_errors += 1
-            log.warning(
-                "disk tier %s: index update for removing %s failed: %s", self.root, rel, exc
-            )
-            return unlink_quiet(path)
+            try:
+                with self.index.transaction() as tx:
+                    removed = self.tier.unlink(rel)
+                    tx.delete_entry(rel)
+                    self._totals = tx.totals()
+            except sqlite3.Error as exc:
+                self.counters.index_errors += 1
+                log.warning(
+                    "disk tier %s: index update for removing %s failed: %s", self.root, rel, exc
+                )
+                return self.tier.unlink(rel)
+        except OSError as exc:
+            self.counters.remove_failures += 1
+            self._stats.errors += 1
+            log.warning("disk tier %s: removing %s failed: %s", self.root, rel, exc)
+            return False
         return removed
 
     # ================================================================== introspection
@@ -445,7 +527,43 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
             "removed_temps": c.removed_temps,
             "pins": c.pins,
             "pin_failures": c.pin_failures,
+            "remove_failures": c.remove_failures,
+            "index_rebuilds": c.index_rebuilds,
+            "index_heals": c.index_heals,
+            "index_unavailable": c.index_unavailable,
+            "links_removed": c.links_removed
+            + (self._tier.links_removed if self._tier is not None else 0),
+            "staging_idle_bytes": self._buffers.idle_bytes,
         }
+
+
+_HINTS = {
+    errno.EROFS: "the filesystem is mounted read-only: mount it read-write, or point `path` "
+    "at a writable directory",
+    errno.ENOSPC: "the filesystem is full: free some space (or run `lmcache-core gc`), or "
+    "point `path` at another filesystem",
+    errno.EDQUOT: "the disk quota is exhausted: free some space, or point `path` elsewhere",
+    errno.EACCES: "permission denied: check the owner and mode of the directory (see the "
+    "disk backend's docs, 'The tier directory is a sandbox')",
+    errno.EPERM: "operation not permitted: check the owner and mode of the directory",
+}
+_SQLITE_HINTS = {
+    8: errno.EROFS,  # SQLITE_READONLY
+    13: errno.ENOSPC,  # SQLITE_FULL
+    14: errno.EACCES,  # SQLITE_CANTOPEN
+}
+
+
+def _start_error(root: str, exc: BaseException) -> str:
+    """The message of a :class:`DiskTierError` for ``exc`` raised while starting."""
+    code = getattr(exc, "errno", None)
+    if isinstance(exc, sqlite3.Error):
+        code = _SQLITE_HINTS.get((getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF, code)
+    where = getattr(exc, "filename", None)
+    what = f"{exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}"
+    at = f" ({where})" if where else ""
+    hint = _HINTS.get(code or 0, "see the message above")
+    return f"disk tier {root} cannot start: {what}{at}; {hint}"
 
 
 def _lower_thread_priority(increment: int) -> None:

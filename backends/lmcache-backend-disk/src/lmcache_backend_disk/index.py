@@ -14,6 +14,13 @@ A SQLite database in WAL mode under ``<root>/.lmcache-disk/``:
     one row per pin (:meth:`DiskBackend.pin`): eviction skips an entry while it has a pin
     whose ``expires`` (wall clock) has not passed.
 
+Files are the truth; the index is bookkeeping. It is also *shared*, so it is input to
+validate like anything else in the directory: every value read from it is checked before
+use (paths against the object/temporary-file shapes, owner ids against their fixed format,
+sizes and totals against their range; rows that fail are dropped and totals recomputed),
+its schema is audited (a trigger that is not ours is dropped). Opening the index file and
+running transactions on it is :mod:`.shared_index`.
+
 Files are the truth; the index is bookkeeping. Every change that must agree with the files
 (reserve + evict, rename + record, remove) happens inside one ``BEGIN IMMEDIATE``
 transaction, which also serialises it against every other process. When the two disagree
@@ -25,13 +32,32 @@ settled when their owner is found dead.
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import threading
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
+from typing import Any
 
-__all__ = ["IndexBusy", "IndexTx", "SharedIndex"]
+from .layout import is_object_relpath, is_temp_relpath_of
+from .owners import is_owner_id
+
+__all__ = [
+    "IndexBusy",
+    "IndexDamaged",
+    "IndexTx",
+    "IndexUnavailable",
+    "is_damage",
+    "text_or_bytes",
+]
+
+
+#: Largest size accepted for one object (and one reservation) read from the index.
+MAX_SIZE = 1 << 48
+#: Longest pin lifetime honoured (a pin row claiming more is ignored).
+MAX_PIN_S = 86400.0
+#: Largest value accepted for the totals.
+MAX_TOTAL = 1 << 62
+_HEX16 = "[0-9a-f]" * 16
+_BAD_OWNER = f"typeof(owner) != 'text' OR length(owner) != 16 OR owner NOT GLOB '{_HEX16}'"
+_BAD_SIZE = f"typeof(size) != 'integer' OR size < 0 OR size > {MAX_SIZE}"
 
 SCHEMA_VERSION = "1"
 
@@ -69,20 +95,215 @@ class IndexBusy(sqlite3.OperationalError):
     """A bounded wait for the index's write lock ran out (nothing was done)."""
 
 
-class IndexTx:
-    """Operations inside one index transaction (see :meth:`SharedIndex.transaction`)."""
+class IndexUnavailable(sqlite3.OperationalError):
+    """The index is being rebuilt (or is closed): index work is refused meanwhile."""
 
-    def __init__(self, con: sqlite3.Connection) -> None:
+
+class IndexDamaged(sqlite3.DatabaseError):
+    """The index is damaged, tampered with beyond repair in place, or was replaced or
+    deleted while open."""
+
+
+#: SQLite result codes (primary, or extended where given) that mean the index file itself
+#: is unusable: corrupt, not a database, truncated, or moved/deleted under the connection.
+_DAMAGE_CODES = {11, 26, 522, 1032}  # CORRUPT, NOTADB, IOERR_SHORT_READ, READONLY_DBMOVED
+_DAMAGE_TEXT = ("malformed", "no such table", "no such column", "not a database")
+
+
+def is_damage(exc: BaseException) -> bool:
+    """Whether ``exc`` says the index file is damaged (to be moved aside and rebuilt),
+    rather than busy, full, read-only or closed."""
+    if isinstance(exc, IndexDamaged):
+        return True
+    if not isinstance(exc, sqlite3.DatabaseError) or isinstance(
+        exc, IndexBusy | IndexUnavailable | sqlite3.ProgrammingError
+    ):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and (code in _DAMAGE_CODES or code & 0xFF in (11, 26)):
+        return True
+    text = str(exc).lower()
+    return any(t in text for t in _DAMAGE_TEXT)
+
+
+def text_or_bytes(raw: bytes) -> str | bytes:
+    """The connection's text factory: TEXT that is not valid UTF-8 (a damaged or tampered
+    index) comes back as ``bytes``, which no validation accepts, instead of raising."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
+
+
+def _size(v: object) -> int | None:
+    """``v`` if it is a plausible size (an int in ``0..MAX_SIZE``), else ``None``."""
+    return v if type(v) is int and 0 <= v <= MAX_SIZE else None
+
+
+def _time(v: object) -> float | None:
+    """``v`` as a time if it is a plausible unix time, else ``None``."""
+    if type(v) is not float and type(v) is not int:
+        return None
+    t = float(v)
+    return t if 0.0 <= t < 1e11 else None
+
+
+class IndexTx:
+    """Operations inside one index transaction (see :meth:`SharedIndex.transaction`).
+
+    Everything read is validated: rows that fail are left out (and, in a write
+    transaction, deleted, with the totals recomputed)."""
+
+    def __init__(
+        self,
+        con: sqlite3.Connection,
+        writable: bool,
+        file_size: Callable[[str], int | None] | None = None,
+    ) -> None:
         self._con = con
+        self.writable = writable
+        self._file_size = file_size
+        #: Rows dropped by validation in this transaction.
+        self.dropped = 0
 
     # -- usage ---------------------------------------------------------------------
     def totals(self) -> tuple[int, int]:
-        """``(used bytes, entry count)``; used bytes include pending writes."""
+        """``(used bytes, entry count)``; used bytes include pending writes. Values out of
+        range are recomputed from the rows (and stored, in a write transaction)."""
         row = self._con.execute("SELECT used, entries FROM totals WHERE id = 1").fetchone()
-        return (int(row[0]), int(row[1])) if row else (0, 0)
+        if row is not None:
+            used, entries = row
+            if (
+                type(used) is int
+                and type(entries) is int
+                and 0 <= used <= MAX_TOTAL
+                and 0 <= entries <= MAX_TOTAL
+            ):
+                return used, entries
+        return self.recompute_totals()
 
     def used(self) -> int:
         return self.totals()[0]
+
+    def recompute_totals(self) -> tuple[int, int]:
+        """Drop rows with invalid sizes or owners (write transaction), then set the totals
+        from the rows; returns them."""
+        con = self._con
+        if self.writable:
+            bad = con.execute(f"SELECT path FROM entries WHERE {_BAD_SIZE}").fetchall()
+            self._repair_sizes([p for (p,) in bad])
+            n = con.execute(f"DELETE FROM pending WHERE {_BAD_SIZE} OR {_BAD_OWNER}").rowcount
+            n += con.execute(f"DELETE FROM pins WHERE {_BAD_OWNER}").rowcount
+            self.dropped += n
+        where = "" if self.writable else f" WHERE NOT ({_BAD_SIZE})"
+        used_e, count = con.execute(
+            f"SELECT COALESCE(SUM(size), 0), COUNT(*) FROM entries{where}"
+        ).fetchone()
+        (used_p,) = con.execute(f"SELECT COALESCE(SUM(size), 0) FROM pending{where}").fetchone()
+        used, entries = int(used_e) + int(used_p), int(count)
+        if self.writable:
+            con.execute("INSERT OR REPLACE INTO totals(id, used, entries) VALUES (1, ?, ?)",
+                        (used, entries))  # fmt: skip
+        return used, entries
+
+    def audit_schema(self) -> bool:
+        """Drop triggers that are not exactly ours (a planted trigger could falsify the
+        totals) and create what is missing; a table or index that differs from ours is
+        :class:`IndexDamaged`. ``True`` when a trigger was dropped."""
+        dropped = False
+        con = self._con
+        for typ, name, tbl, sql in con.execute(
+            "SELECT type, name, tbl_name, sql FROM sqlite_master"
+        ).fetchall():
+            if not isinstance(name, str):
+                raise IndexDamaged(f"a schema object's name is not text: {name!r}")
+            if name.startswith("sqlite_"):
+                continue
+            want = _EXPECTED.get(name)
+            if typ == "trigger":
+                if want != (typ, tbl, sql):
+                    con.execute(f'DROP TRIGGER "{name.replace(chr(34), chr(34) * 2)}"')
+                    dropped = True
+            elif want is not None and want != (typ, tbl, sql):
+                raise IndexDamaged(f"index {typ} {name!r} is not the expected one")
+        for stmt in _SCHEMA.split(";\n"):
+            if stmt.strip():
+                con.execute(stmt)
+        return dropped
+
+    def audit(self) -> bool:
+        """Check the schema (:meth:`audit_schema`) and the totals against the rows (sizes
+        range-checked); fix what is wrong. ``True`` when something was."""
+        if self.audit_schema():
+            self.recompute_totals()
+            return True
+        before = self._con.execute("SELECT used, entries FROM totals WHERE id = 1").fetchone()
+        bad = self._con.execute(
+            f"SELECT (SELECT COUNT(*) FROM entries WHERE {_BAD_SIZE}) + "
+            f"(SELECT COUNT(*) FROM pending WHERE {_BAD_SIZE} OR {_BAD_OWNER}) + "
+            f"(SELECT COUNT(*) FROM pins WHERE {_BAD_OWNER})"
+        ).fetchone()[0]
+        if bad:
+            self.recompute_totals()
+            return True
+        (used_e, count), (used_p,) = (
+            self._con.execute("SELECT COALESCE(SUM(size), 0), COUNT(*) FROM entries").fetchone(),
+            self._con.execute("SELECT COALESCE(SUM(size), 0) FROM pending").fetchone(),
+        )
+        if before is None or tuple(before) != (int(used_e) + int(used_p), int(count)):
+            self.recompute_totals()
+            return True
+        return False
+
+    def integrity_check(self) -> None:
+        """``PRAGMA integrity_check`` (also compares every index with its table, which
+        ``quick_check`` at open does not): :class:`IndexDamaged` unless it passes."""
+        rows = self._con.execute("PRAGMA integrity_check").fetchall()
+        if rows != [("ok",)]:
+            raise IndexDamaged(f"integrity_check: {rows[:3]}")
+
+    def sanitize(self) -> int:
+        """Drop every row that fails validation (object and temporary paths included: a
+        full scan, for ``reconcile``), then recompute the totals; the rows dropped."""
+        before = self.dropped
+        bad = [
+            p
+            for p, size in self._con.execute("SELECT path, size FROM entries").fetchall()
+            if not (isinstance(p, str) and is_object_relpath(p)) or _size(size) is None
+        ]
+        self._repair_sizes(bad)
+        rows = self._con.execute("SELECT id, path, tmp FROM pending").fetchall()
+        bad_ids = [
+            i
+            for i, p, t in rows
+            if not (isinstance(p, str) and isinstance(t, str) and is_temp_relpath_of(p, t))
+        ]
+        self._con.executemany("DELETE FROM pending WHERE id = ?", [(i,) for i in bad_ids])
+        self.dropped += len(bad_ids)
+        self.recompute_totals()
+        return self.dropped - before
+
+    def _repair_sizes(self, paths: list[Any]) -> None:
+        """Rows with a valid object path but an invalid size get the size of their file
+        (so the file stays counted); the others are deleted."""
+        for p in paths:
+            size = (
+                self._file_size(p)
+                if self._file_size is not None and isinstance(p, str) and is_object_relpath(p)
+                else None
+            )
+            # matched on the raw bytes: a path that is not valid text (read back as bytes,
+            # see :func:`text_or_bytes`) must still be found
+            raw = p if isinstance(p, bytes) else str(p).encode("utf-8", "surrogatepass")
+            args: tuple[object, ...]
+            if size is None:
+                sql, args = "DELETE FROM entries WHERE CAST(path AS BLOB) = ?", (raw,)
+            else:
+                sql, args = "UPDATE entries SET size = ? WHERE CAST(path AS BLOB) = ?", (size, raw)
+            if self._con.execute(sql, args).rowcount == 0:
+                # the row was read through an index whose copy differs from the table
+                raise IndexDamaged("an index of the entries table disagrees with the table")
+            self.dropped += 1
 
     # -- entries -------------------------------------------------------------------
     def upsert_entry(self, path: str, size: int, atime: float) -> None:
@@ -96,18 +317,34 @@ class IndexTx:
         return self._con.execute("DELETE FROM entries WHERE path = ?", (path,)).rowcount > 0
 
     def entry_size(self, path: str) -> int | None:
+        """The size recorded for ``path`` (``None``: no row, or an invalid one)."""
         row = self._con.execute("SELECT size FROM entries WHERE path = ?", (path,)).fetchone()
-        return None if row is None else int(row[0])
+        return None if row is None else _size(row[0])
 
     def lru(self, limit: int, offset: int = 0, now: float = 0.0) -> list[tuple[str, int]]:
-        """Entries, least recently used first, leaving out those pinned past ``now``."""
+        """Valid entries, least recently used first, leaving out those pinned past ``now``
+        (a pin expiring more than :data:`MAX_PIN_S` after ``now`` is invalid: ignored).
+        Invalid rows met on the way are dropped (write transaction) and the totals
+        recomputed."""
         rows = self._con.execute(
             "SELECT path, size FROM entries WHERE NOT EXISTS (SELECT 1 FROM pins "
-            "WHERE pins.path = entries.path AND pins.expires > ?) "
+            "WHERE pins.path = entries.path AND pins.expires > ? AND pins.expires <= ?) "
             "ORDER BY atime, path LIMIT ? OFFSET ?",
-            (now, limit, offset),
+            (now, now + MAX_PIN_S, limit, offset),
         ).fetchall()
-        return [(str(p), int(s)) for p, s in rows]
+        out: list[tuple[str, int]] = []
+        bad = []
+        for p, size in rows:
+            ok = _size(size)
+            if isinstance(p, str) and ok is not None and is_object_relpath(p):
+                out.append((p, ok))
+            else:
+                bad.append(p)
+        if bad and self.writable:
+            self._repair_sizes(bad)
+            self.recompute_totals()
+            return self.lru(limit, offset, now)
+        return out
 
     def touch(self, items: Iterable[tuple[str, float]]) -> None:
         """Move entries up the LRU order (rows that do not exist are left alone)."""
@@ -117,11 +354,22 @@ class IndexTx:
         )
 
     def entries(self) -> dict[str, int]:
-        """Every entry's size, by path."""
-        return {str(p): int(s) for p, s in self._con.execute("SELECT path, size FROM entries")}
+        """Every valid entry's size, by path."""
+        out = {}
+        for p, size in self._con.execute("SELECT path, size FROM entries"):
+            ok = _size(size)
+            if isinstance(p, str) and ok is not None and is_object_relpath(p):
+                out[p] = ok
+        return out
 
     def atimes(self) -> dict[str, float]:
-        return {str(p): float(t) for p, t in self._con.execute("SELECT path, atime FROM entries")}
+        """Every valid entry's last access time, by path."""
+        out = {}
+        for p, t in self._con.execute("SELECT path, atime FROM entries"):
+            ok = _time(t)
+            if isinstance(p, str) and ok is not None and is_object_relpath(p):
+                out[p] = ok
+        return out
 
     def clear_entries(self) -> None:
         self._con.execute("DELETE FROM entries")
@@ -139,16 +387,35 @@ class IndexTx:
         self._con.execute("DELETE FROM pending WHERE id = ?", (pending_id,))
 
     def pending_owners(self) -> list[str]:
-        return [str(r[0]) for r in self._con.execute("SELECT DISTINCT owner FROM pending")]
+        """Owner ids with pending writes (only well-formed ids)."""
+        rows = self._con.execute("SELECT DISTINCT owner FROM pending").fetchall()
+        return [r[0] for r in rows if is_owner_id(r[0])]
 
     def pending_of(self, owner: str) -> list[tuple[int, str, str, int]]:
+        """``(id, path, tmp, size)`` of ``owner``'s pending writes. Rows whose paths are
+        not a temporary file of an object location, or whose size is invalid, are deleted
+        here (write transaction) without being returned: nothing they name is touched."""
         rows = self._con.execute(
             "SELECT id, path, tmp, size FROM pending WHERE owner = ?", (owner,)
         ).fetchall()
-        return [(int(i), str(p), str(t), int(s)) for i, p, t, s in rows]
+        out = []
+        for i, p, t, size in rows:
+            ok = _size(size)
+            if (
+                type(i) is int
+                and isinstance(p, str)
+                and isinstance(t, str)
+                and ok is not None
+                and is_temp_relpath_of(p, t)
+            ):
+                out.append((i, p, t, ok))
+            elif self.writable:
+                self._con.execute("DELETE FROM pending WHERE id = ?", (i,))
+                self.dropped += 1
+        return out
 
     def pending_tmp_names(self) -> set[str]:
-        return {str(r[0]) for r in self._con.execute("SELECT tmp FROM pending")}
+        return {r[0] for r in self._con.execute("SELECT tmp FROM pending") if isinstance(r[0], str)}
 
     # -- pins ----------------------------------------------------------------------------
     def add_pins(
@@ -176,16 +443,20 @@ class IndexTx:
         return self._con.execute("DELETE FROM pins WHERE owner = ?", (owner,)).rowcount
 
     def pin_owners(self) -> list[str]:
-        return [str(r[0]) for r in self._con.execute("SELECT DISTINCT owner FROM pins")]
+        """Owner ids holding pins (only well-formed ids)."""
+        rows = self._con.execute("SELECT DISTINCT owner FROM pins").fetchall()
+        return [r[0] for r in rows if is_owner_id(r[0])]
 
     def pinned_count(self, now: float) -> int:
-        row = self._con.execute("SELECT COUNT(*) FROM pins WHERE expires > ?", (now,)).fetchone()
+        row = self._con.execute(
+            "SELECT COUNT(*) FROM pins WHERE expires > ? AND expires <= ?", (now, now + MAX_PIN_S)
+        ).fetchone()
         return int(row[0]) if row else 0
 
     # -- meta --------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
         row = self._con.execute("SELECT v FROM meta WHERE k = ?", (key,)).fetchone()
-        return None if row is None else str(row[0])
+        return row[0] if row is not None and isinstance(row[0], str) else None
 
     def set_meta(self, key: str, value: str) -> None:
         self._con.execute(
@@ -194,116 +465,17 @@ class IndexTx:
         )
 
 
-class SharedIndex:
-    """One connection to a tier's index, usable from any thread (calls are serialised)."""
+def _expected_schema() -> dict[str, tuple[str, str, str | None]]:
+    """``name -> (type, table, sql)`` of every schema object :data:`_SCHEMA` creates."""
+    con = sqlite3.connect(":memory:")
+    try:
+        for stmt in _SCHEMA.split(";\n"):
+            if stmt.strip():
+                con.execute(stmt)
+        rows = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()
+    finally:
+        con.close()
+    return {name: (typ, tbl, sql) for typ, name, tbl, sql in rows}
 
-    def __init__(self, path: str, file_mode: int, busy_timeout: float = 60.0) -> None:
-        self.path = path
-        self.file_mode = file_mode
-        self.busy_timeout = busy_timeout
-        self._con: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
 
-    def open(self) -> bool:
-        """Open (creating it if needed); ``True`` when the index existed and is complete.
-
-        An unreadable index file is moved aside (``.corrupt``) and a new one is created; the
-        caller then rebuilds it from the files.
-        """
-        existed = os.path.exists(self.path)
-        try:
-            return self._open() and existed
-        except sqlite3.DatabaseError:
-            self.close()
-            for suffix in ("", "-wal", "-shm"):
-                try:
-                    os.replace(self.path + suffix, self.path + ".corrupt" + suffix)
-                except FileNotFoundError:
-                    pass
-            self._open()
-            return False
-
-    def _open(self) -> bool:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, self.file_mode)
-        os.close(fd)
-        con = sqlite3.connect(
-            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
-        )
-        try:
-            con.execute("PRAGMA journal_mode=WAL").fetchone()
-            con.execute("PRAGMA synchronous=NORMAL")
-            con.execute("BEGIN IMMEDIATE")
-            for stmt in _SCHEMA.split(";\n"):
-                if stmt.strip():
-                    con.execute(stmt)
-            tx = IndexTx(con)
-            version = tx.meta("schema")
-            if version is None:
-                tx.set_meta("schema", SCHEMA_VERSION)
-            elif version != SCHEMA_VERSION:
-                con.execute("ROLLBACK")
-                raise sqlite3.DatabaseError(f"index schema {version!r}, expected {SCHEMA_VERSION}")
-            complete = tx.meta("complete") == "1"
-            con.execute("COMMIT")
-        except BaseException:
-            con.close()
-            raise
-        self._con = con
-        return complete
-
-    def close(self) -> None:
-        with self._lock:
-            if self._con is not None:
-                self._con.close()
-                self._con = None
-
-    @contextmanager
-    def transaction(self, wait: float | None = None) -> Iterator[IndexTx]:
-        """A write transaction (``BEGIN IMMEDIATE``): committed on success, rolled back on
-        error. Holds the index's write lock against every process until it ends.
-
-        ``wait`` bounds the time spent waiting for the lock (this process's other threads
-        and other processes): past it :class:`IndexBusy` is raised and nothing is done.
-        """
-        if wait is None:
-            self._lock.acquire()
-        elif not self._lock.acquire(timeout=wait):
-            raise IndexBusy("the index is in use by another thread")
-        try:
-            con = self._con
-            if con is None:
-                raise sqlite3.ProgrammingError("index is closed")
-            if wait is None:
-                con.execute("BEGIN IMMEDIATE")
-            else:
-                con.execute(f"PRAGMA busy_timeout = {max(1, int(wait * 1000))}")
-                try:
-                    con.execute("BEGIN IMMEDIATE")
-                except sqlite3.OperationalError as exc:
-                    raise IndexBusy(str(exc)) from exc
-                finally:
-                    con.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-            try:
-                yield IndexTx(con)
-                con.execute("COMMIT")
-            except BaseException:
-                try:
-                    con.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-                raise
-        finally:
-            self._lock.release()
-
-    @contextmanager
-    def snapshot(self) -> Iterator[IndexTx]:
-        """A read transaction (a consistent snapshot; writers are not blocked)."""
-        with self._lock:
-            con = self._con
-            if con is None:
-                raise sqlite3.ProgrammingError("index is closed")
-            con.execute("BEGIN")
-            try:
-                yield IndexTx(con)
-            finally:
-                con.execute("COMMIT")
+_EXPECTED = _expected_schema()

@@ -19,7 +19,6 @@ digest, so nothing a key or namespace contains can point outside the root.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import re
@@ -28,14 +27,14 @@ from dataclasses import dataclass
 
 from lmcache_core.keys import CacheEngineKey, Namespace
 
+from .sandbox import TierDir
+
 __all__ = [
     "META_DIR",
     "NAMESPACE_FILE",
     "ObjectFile",
     "TempFile",
-    "fsync_dir",
     "iter_files",
-    "make_dirs",
     "namespace_dir",
     "namespace_json",
     "object_relpath",
@@ -53,6 +52,7 @@ _NS_DIR = re.compile(r"ns-[0-9a-f]{16}")
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _OBJECT = re.compile(r"[0-9a-f]{32}")
 _TEMP = re.compile(r"\.([0-9a-f]{32})\.([0-9a-f]{16})\.[0-9]+\.tmp")
+OWNER_ID = re.compile(r"[0-9a-f]{16}")
 _REL = re.compile(r"ns-[0-9a-f]{16}/[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{32}")
 
 
@@ -131,58 +131,56 @@ class TempFile:
     mtime: float
 
 
-def namespace_dirs(root: str) -> list[str]:
-    """Names of the namespace directories under ``root``."""
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return []
-    return sorted(n for n in names if _NS_DIR.fullmatch(n))
+def namespace_dirs(tier: TierDir) -> list[str]:
+    """Names of the namespace directories under the root."""
+    return sorted(
+        e.name
+        for e in tier.scandir("")
+        if _NS_DIR.fullmatch(e.name) and e.is_dir(follow_symlinks=False)
+    )
 
 
-def shard_dirs(root: str, ns_dir: str) -> list[str]:
+def shard_dirs(tier: TierDir, ns_dir: str) -> list[str]:
     """``ns-…/ab`` relative paths of the first shard level of one namespace."""
-    try:
-        names = os.listdir(os.path.join(root, ns_dir))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return [f"{ns_dir}/{n}" for n in sorted(names) if _SHARD.fullmatch(n)]
+    names = [
+        e.name
+        for e in tier.scandir(ns_dir)
+        if _SHARD.fullmatch(e.name) and e.is_dir(follow_symlinks=False)
+    ]
+    return [f"{ns_dir}/{n}" for n in sorted(names)]
 
 
-def iter_files(root: str, top: str) -> Iterator[ObjectFile | TempFile]:
+def iter_files(tier: TierDir, top: str) -> Iterator[ObjectFile | TempFile]:
     """Objects and temporary files below ``top`` (a namespace or shard directory, relative).
 
-    Names of any other shape are ignored. Files vanishing during the walk are skipped.
+    Names of any other shape, links and anything that is not a regular file are ignored;
+    directories are entered without following links. Files vanishing during the walk are
+    skipped.
     """
     stack = [top]
     while stack:
         rel_dir = stack.pop()
-        try:
-            it = os.scandir(os.path.join(root, rel_dir))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        with it:
-            for entry in it:
-                rel = f"{rel_dir}/{entry.name}"
-                depth = rel.count("/")
-                try:
-                    if depth <= 2 and _SHARD.fullmatch(entry.name):
-                        if entry.is_dir(follow_symlinks=False):
-                            stack.append(rel)
-                        continue
-                    if depth != 3 or not entry.is_file(follow_symlinks=False):
-                        continue
-                    if _OBJECT.fullmatch(entry.name):
-                        st = entry.stat(follow_symlinks=False)
-                        if is_object_relpath(rel):
-                            yield ObjectFile(rel, st.st_size, st.st_mtime)
-                        continue
-                    parsed = parse_temp_name(entry.name)
-                    if parsed is not None:
-                        st = entry.stat(follow_symlinks=False)
-                        yield TempFile(rel, parsed[1], st.st_mtime)
-                except FileNotFoundError:
+        for entry in tier.scandir(rel_dir):
+            rel = f"{rel_dir}/{entry.name}"
+            depth = rel.count("/")
+            try:
+                if depth <= 2 and _SHARD.fullmatch(entry.name):
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(rel)
                     continue
+                if depth != 3 or not entry.is_file(follow_symlinks=False):
+                    continue
+                if _OBJECT.fullmatch(entry.name):
+                    st = entry.stat(follow_symlinks=False)
+                    if is_object_relpath(rel):
+                        yield ObjectFile(rel, st.st_size, st.st_mtime)
+                    continue
+                parsed = parse_temp_name(entry.name)
+                if parsed is not None:
+                    st = entry.stat(follow_symlinks=False)
+                    yield TempFile(rel, parsed[1], st.st_mtime)
+            except FileNotFoundError:
+                continue
 
 
 def current_umask() -> int:
@@ -197,46 +195,3 @@ def current_umask() -> int:
     old = os.umask(0o077)
     os.umask(old)
     return old
-
-
-def make_dirs(path: str, mode: int, *, durable: bool, umask: int | None = None) -> list[str]:
-    """``mkdir -p`` with ``mode`` (umask notwithstanding: pass ``umask`` to skip the
-    chmod when it takes nothing away).
-
-    Returns the parents of the directories it created: they must be fsynced for the new
-    entries to survive a power loss - here when ``durable``, else by the caller (which may
-    batch them with other directory fsyncs).
-    """
-    missing = []
-    p = path
-    while not os.path.isdir(p):
-        missing.append(p)
-        parent = os.path.dirname(p)
-        if parent == p:
-            break
-        p = parent
-    parents = []
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, mode)
-        except FileExistsError:
-            continue
-        if umask is None or mode & umask:
-            os.chmod(d, mode)  # the umask took bits away
-        parents.append(os.path.dirname(d))
-    if durable:
-        for parent in parents:
-            fsync_dir(parent)
-    return parents
-
-
-def fsync_dir(path: str) -> None:
-    """fsync a directory (makes renames and creations in it durable)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    except OSError as exc:  # some filesystems refuse fsync on directories
-        if exc.errno not in (errno.EINVAL, errno.EROFS):
-            raise
-    finally:
-        os.close(fd)

@@ -4,28 +4,59 @@
 implements :class:`lmcache_core.maintenance.MaintainableBackend`. Scans walk the files (the
 truth) one shard directory per I/O job and take last-access times from the shared index;
 headers are read only when asked for.
+
+These methods report problems, they do not crash on them: a damaged index met here is
+rebuilt (:mod:`.recovery`) and the call retried once; if the index still cannot be used,
+a :class:`~lmcache_backend_disk.DiskTierError` says so.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import logging
+import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from lmcache_core.maintenance import EntryInfo, ProgressCallback
 
 from . import layout
+from .index import is_damage
 from .state import DiskState
 
 __all__ = ["DiskMaintenance"]
 
+log = logging.getLogger("lmcache_core.disk")
 T = TypeVar("T")
+#: Largest ``namespace.json`` read (it holds one namespace's JSON).
+_MARKER_LIMIT = 1 << 20
+#: Longest wait for a rebuild in progress before a maintenance call gives up.
+_HEAL_WAIT_S = 600.0
 
 
 class DiskMaintenance(DiskState):
     """Scan / verify / delete / reconcile for the disk backend (a mixin)."""
+
+    def _with_index(self, fn: Callable[[], T]) -> T:
+        """``fn()``; if it meets a damaged or unavailable index, wait for the rebuild and
+        retry once. Raises :class:`DiskTierError` when the index stays unusable."""
+        from .backend import DiskTierError
+
+        try:
+            return fn()
+        except sqlite3.Error as exc:
+            if not (is_damage(exc) or self.index.unavailable is not None):
+                raise DiskTierError(f"disk tier {self.root}: index error: {exc}") from exc
+            log.warning("disk tier %s: %s; waiting for the index rebuild", self.root, exc)
+        if not self._wait_healed(_HEAL_WAIT_S):
+            raise DiskTierError(
+                f"disk tier {self.root}: the index is unusable ({self.index.unavailable})"
+            )
+        try:
+            return fn()
+        except sqlite3.Error as exc:
+            raise DiskTierError(f"disk tier {self.root}: index error: {exc}") from exc
 
     # ------------------------------------------------------------------ scan
     async def scan(
@@ -33,7 +64,8 @@ class DiskMaintenance(DiskState):
     ) -> AsyncIterator[EntryInfo]:
         """Every object file (key and namespace from its header when ``read_headers``;
         ``None`` for an unreadable header). ``progress(done, total)`` follows the walk;
-        ``total`` is the index's entry count."""
+        ``total`` is the index's entry count. Without a usable index, the last access
+        times are the files' modification times."""
         self._check()
         atimes = await self._call(self._atimes_sync)
         total = len(atimes)
@@ -50,24 +82,31 @@ class DiskMaintenance(DiskState):
                 progress(done, max(total, done))
 
     def _atimes_sync(self) -> dict[str, float]:
-        with self.index.snapshot() as tx:
-            return tx.atimes()
+        def read() -> dict[str, float]:
+            with self.index.snapshot() as tx:
+                return tx.atimes()
+
+        try:
+            return self._with_index(read)
+        except Exception as exc:  # the scan walks the files anyway
+            log.warning("disk tier %s: no access times from the index: %s", self.root, exc)
+            return {}
 
     def _scan_tops_sync(self) -> list[str]:
         return [
-            s for ns in layout.namespace_dirs(self.root) for s in layout.shard_dirs(self.root, ns)
+            s for ns in layout.namespace_dirs(self.tier) for s in layout.shard_dirs(self.tier, ns)
         ]
 
     def _scan_top_sync(
         self, top: str, atimes: dict[str, float], read_headers: bool
     ) -> list[EntryInfo]:
         out = []
-        for f in layout.iter_files(self.root, top):
+        for f in layout.iter_files(self.tier, top):
             if not isinstance(f, layout.ObjectFile):
                 continue
             key = namespace = None
             if read_headers:
-                header = self.io.read_header(os.path.join(self.root, f.rel))
+                header = self.io.read_header(f.rel)
                 if header is not None:
                     key, namespace = header.key, header.namespace
             out.append(
@@ -84,13 +123,11 @@ class DiskMaintenance(DiskState):
     # ------------------------------------------------------------------ verify / delete
     async def check_entry(self, entry: EntryInfo) -> str | None:
         """Read the object fully; ``None`` when sound, else why not (including an object
-        stored at another key's or namespace's location)."""
+        stored at another key's or namespace's location, or a symbolic link)."""
         self._check()
         if not layout.is_object_relpath(entry.location):
             return "not an object location of this tier"
-        return await self._call(
-            self.io.verify, os.path.join(self.root, entry.location), entry.location
-        )
+        return await self._call(self.io.verify, entry.location)
 
     async def verify_entry(self, entry: EntryInfo) -> bool:
         """Read the object fully and check size, header, location and checksum."""
@@ -109,12 +146,10 @@ class DiskMaintenance(DiskState):
 
     def _namespaces_sync(self) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
-        for ns in layout.namespace_dirs(self.root):
+        for ns in layout.namespace_dirs(self.tier):
             try:
-                with open(
-                    os.path.join(self.root, ns, layout.NAMESPACE_FILE), encoding="utf-8"
-                ) as f:
-                    value = json.load(f).get("namespace")
+                raw = self.tier.read_file(f"{ns}/{layout.NAMESPACE_FILE}", _MARKER_LIMIT)
+                value = json.loads(raw.decode("utf-8")).get("namespace")
                 out[ns] = value if isinstance(value, str) else None
             except (OSError, ValueError, AttributeError):
                 out[ns] = None
@@ -123,60 +158,47 @@ class DiskMaintenance(DiskState):
     async def usage(self) -> dict[str, Any]:
         """Bytes used (objects + writes in progress), entries, and the recorded bound."""
         self._check()
-        return await self._call(self._usage_sync)
+        return await self._call(self._with_index, self._usage_sync)
 
     def _usage_sync(self) -> dict[str, Any]:
         with self.index.snapshot() as tx:
             used, entries = tx.totals()
             max_bytes = tx.meta("max_bytes")
-        return {
-            "used_bytes": used,
-            "entries": entries,
-            "max_bytes": int(max_bytes) if max_bytes else None,
-        }
+        bound = int(max_bytes) if max_bytes is not None and max_bytes.isdigit() else None
+        return {"used_bytes": used, "entries": entries, "max_bytes": bound}
 
     async def reconcile(self) -> dict[str, int]:
-        """Make the index agree with the files: settle dead writers, remove stale
-        temporary files, adopt objects the index lacks, drop rows whose file is gone."""
+        """Make the index agree with the files: check its integrity (a damaged index is
+        rebuilt), settle dead writers, remove stale temporary files, drop rows that fail
+        validation, adopt objects the index lacks, drop rows whose file is gone, and
+        recompute the totals."""
         self._check()
-        return await self._call(self._reconcile_sync)
+        return await self._call(self._with_index, self._reconcile_sync)
 
     def _reconcile_sync(self) -> dict[str, int]:
+        with self.index.snapshot() as tx:
+            tx.integrity_check()  # damage: rebuilt (and this call retried once)
         reaped = self._reap_sync()
         stale_before = time.time() - self.opts.stale_temp_seconds
+        with self.index.transaction() as tx:
+            invalid = tx.sanitize()
         with self.index.snapshot() as tx:
             live_tmps = tx.pending_tmp_names()
-            rows = tx.entries()
-        found: dict[str, float] = {}
         temps = 0
-        for ns in layout.namespace_dirs(self.root):
-            for f in layout.iter_files(self.root, ns):
-                if isinstance(f, layout.ObjectFile):
-                    found[f.rel] = f.mtime
-                elif f.rel not in live_tmps and self._temp_is_stale(f, stale_before):
-                    try:
-                        os.unlink(os.path.join(self.root, f.rel))
-                        temps += 1
-                    except FileNotFoundError:
-                        pass
-        adopted = dropped = 0
-        with self.index.transaction() as tx:
-            for rel, mtime in found.items():
-                if rel in rows:
-                    continue
-                try:
-                    st = os.lstat(os.path.join(self.root, rel))
-                except FileNotFoundError:
-                    continue
-                if tx.entry_size(rel) is None:
-                    tx.upsert_entry(rel, st.st_size, mtime)
-                    adopted += 1
-            for rel in rows:
-                if rel not in found and not os.path.lexists(os.path.join(self.root, rel)):
-                    dropped += int(tx.delete_entry(rel))
+        for ns in layout.namespace_dirs(self.tier):
+            for f in layout.iter_files(self.tier, ns):
+                if (
+                    isinstance(f, layout.TempFile)
+                    and f.rel not in live_tmps
+                    and self._temp_is_stale(f, stale_before)
+                    and self.tier.unlink(f.rel)
+                ):
+                    temps += 1
+        adopted, dropped = self._sync_rows_with_files()
         return {
             "reaped_owners": reaped,
             "removed_temps": temps,
             "adopted": adopted,
             "dropped_rows": dropped,
+            "invalid_rows": invalid,
         }

@@ -16,8 +16,10 @@ inode (unlinking keeps it alive), verified by its checksum: never a torn read.
 from __future__ import annotations
 
 import enum
+import errno
 import fcntl
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
@@ -30,12 +32,12 @@ from lmcache_core import format as fmt
 from lmcache_core.errors import FormatError
 
 from .aligned import ALIGN, BufferPool, aligned_empty, round_up
-from .layout import current_umask, expected_location, make_dirs
+from .layout import current_umask, expected_location
+from .sandbox import TierDir
 
 __all__ = ["ObjectIO", "ReadOutcome", "ReadResult"]
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DUMMY_CHECKSUM = "xxh3_128:" + "0" * 32
 _CHECKSUM_FIELD = b'"checksum":"xxh3_128:'
 _STANDARD_META = frozenset({"format", "format_version", "key", "namespace", "checksum", "codec"})
@@ -46,6 +48,7 @@ class ReadOutcome(enum.Enum):
     MISSING = "missing"  # no file
     BUSY = "busy"  # being evicted right now
     BAD = "bad"  # truncated, corrupted or foreign: to be removed
+    LINK = "link"  # a symbolic link on the way (planted): to be removed, never followed
 
 
 @dataclass
@@ -123,11 +126,14 @@ def check_canonical(raw: memoryview | bytes, header: fmt.ObjectHeader) -> None:
 
 
 class ObjectIO:
-    """Reads and writes object files under one root (thread-safe, blocking)."""
+    """Reads and writes object files under one root (thread-safe, blocking).
+
+    Paths are relative to the root and reached through ``tier`` (:class:`TierDir`): no
+    symbolic link is ever followed, in directories or in the last component."""
 
     def __init__(
         self,
-        root: str,
+        tier: TierDir,
         file_mode: int,
         dir_mode: int,
         *,
@@ -135,7 +141,7 @@ class ObjectIO:
         durable: bool,
         pool: BufferPool,
     ) -> None:
-        self.root = root
+        self.tier = tier
         self.file_mode = file_mode
         self.dir_mode = dir_mode
         self.direct = direct
@@ -145,13 +151,13 @@ class ObjectIO:
 
     # ------------------------------------------------------------------ writing
     def write_temp(
-        self, tmp_abs: str, template: HeaderTemplate, value: torch.Tensor
+        self, tmp_rel: str, template: HeaderTemplate, value: torch.Tensor
     ) -> tuple[int, list[str]]:
         """Write the complete object of ``value`` (whose header ``template`` describes) to
-        the new file ``tmp_abs``, flushed to the device when durable. Returns its size and
-        the directories whose new entries (created on the way) still need an fsync. The
-        file is removed on any error."""
-        fd, new_dirs = self._create(tmp_abs)
+        the new file ``tmp_rel``, flushed to the device when durable. Returns its size and
+        the (relative) directories whose new entries (created on the way) still need an
+        fsync. The file is removed on any error."""
+        fd, new_dirs = self._create(tmp_rel)
         try:
             size = self._write(fd, template, value)
             if self.durable:
@@ -159,25 +165,27 @@ class ObjectIO:
         except BaseException:
             os.close(fd)
             try:
-                os.unlink(tmp_abs)
+                self.tier.unlink(tmp_rel)
             except OSError:
                 pass
             raise
         os.close(fd)
         return size, new_dirs
 
-    def _create(self, path: str) -> tuple[int, list[str]]:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | _O_NOFOLLOW
+    def _create(self, rel: str) -> tuple[int, list[str]]:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         if self.direct:
             flags |= _O_DIRECT
         new_dirs: list[str] = []
         try:
-            fd = os.open(path, flags, self.file_mode)
-        except FileNotFoundError:
-            new_dirs = make_dirs(
-                os.path.dirname(path), self.dir_mode, durable=False, umask=self.umask
-            )
-            fd = os.open(path, flags, self.file_mode)
+            fd = self.tier.open(rel, flags, self.file_mode)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                raise
+            # a directory is missing, or something was planted where one belongs: make
+            # the directories (links and files in their place are removed) and retry once
+            new_dirs = self.tier.make_dirs(rel.rpartition("/")[0], self.dir_mode, self.umask)
+            fd = self.tier.open(rel, flags, self.file_mode)
         if self.file_mode & self.umask:  # the umask took bits away: put them back
             try:
                 os.fchmod(fd, self.file_mode)
@@ -235,14 +243,22 @@ class ObjectIO:
         return hlen + n
 
     # ------------------------------------------------------------------ reading
-    def _open(self, path: str) -> tuple[int | None, ReadResult | None]:
-        flags = os.O_RDONLY | os.O_CLOEXEC | _O_NOFOLLOW
+    def _open(self, rel: str) -> tuple[int | None, ReadResult | None]:
+        flags = os.O_RDONLY | os.O_NONBLOCK  # a FIFO planted here must not block the open
         if self.direct:
             flags |= _O_DIRECT
         try:
-            fd = os.open(path, flags)
+            fd = self.tier.open(rel, flags)
         except (FileNotFoundError, NotADirectoryError):
             return None, ReadResult(ReadOutcome.MISSING)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return None, ReadResult(ReadOutcome.LINK, reason="a symbolic link")
+            st = self.tier.lstat(rel)  # e.g. O_DIRECT refused: is it even a file?
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                inode = (st.st_dev, st.st_ino)
+                return None, ReadResult(ReadOutcome.BAD, reason="not a regular file", inode=inode)
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -253,8 +269,8 @@ class ObjectIO:
             raise
         return fd, None
 
-    def read_into(self, path: str, key: str, ns_json: str, out: torch.Tensor) -> ReadResult:
-        """Read the object at ``path`` into ``out`` and verify it.
+    def read_into(self, rel: str, key: str, ns_json: str, out: torch.Tensor) -> ReadResult:
+        """Read the object at ``rel`` into ``out`` and verify it.
 
         Raises :class:`~lmcache_core.errors.BufferMismatchError` when the stored object is
         valid but ``out`` cannot receive it.
@@ -264,22 +280,24 @@ class ObjectIO:
             self._read_into(fd, size, key, ns_json, out)
             return out, None
 
-        return self._read_verified(path, body)
+        return self._read_verified(rel, body)
 
     def _read_verified(
         self,
-        path: str,
+        rel: str,
         body: Callable[[int, int], tuple[torch.Tensor, fmt.ObjectHeader | None]],
     ) -> ReadResult:
-        """Open ``path`` shared-locked and run ``body(fd, size)``, which reads and verifies
+        """Open ``rel`` shared-locked and run ``body(fd, size)``, which reads and verifies
         the object: a ``FormatError`` from it is a BAD result, its tensor a HIT."""
-        fd, early = self._open(path)
+        fd, early = self._open(rel)
         if fd is None:
             assert early is not None
             return early
         try:
             st = os.fstat(fd)
             inode = (st.st_dev, st.st_ino)
+            if not stat.S_ISREG(st.st_mode):
+                return ReadResult(ReadOutcome.BAD, reason="not a regular file", inode=inode)
             try:
                 out, header = body(fd, st.st_size)
             except FormatError as exc:
@@ -314,8 +332,8 @@ class ObjectIO:
         fmt.check_out(header, out)
         raise FormatError("object header differs from the expected one")
 
-    def read_new(self, path: str, key: str | None, ns_json: str | None) -> ReadResult:
-        """Read the object at ``path`` into a new tensor and verify it. ``key``/``ns_json``
+    def read_new(self, rel: str, key: str | None, ns_json: str | None) -> ReadResult:
+        """Read the object at ``rel`` into a new tensor and verify it. ``key``/``ns_json``
         ``None`` skip the identity check (maintenance reads check the location instead)."""
 
         def body(fd: int, size: int) -> tuple[torch.Tensor, fmt.ObjectHeader | None]:
@@ -331,14 +349,16 @@ class ObjectIO:
             fmt.verify_data(header, dst)
             return out, header
 
-        return self._read_verified(path, body)
+        return self._read_verified(rel, body)
 
-    def verify(self, path: str, rel: str) -> str | None:
-        """Fully check the object at ``path`` (which must live at ``rel``); ``None`` when
-        it is sound, else the reason."""
-        res = self.read_new(path, None, None)
+    def verify(self, rel: str) -> str | None:
+        """Fully check the object at ``rel`` (size, header, checksum, and that it lives
+        where its key and namespace put it); ``None`` when it is sound, else the reason."""
+        res = self.read_new(rel, None, None)
         if res.outcome is ReadOutcome.MISSING:
             return "missing"
+        if res.outcome is ReadOutcome.LINK:
+            return "a symbolic link (never followed)"
         if res.outcome is ReadOutcome.BUSY:
             return None  # being evicted: not a defect
         if res.outcome is ReadOutcome.BAD:
@@ -348,13 +368,16 @@ class ObjectIO:
             return "object is stored under another key's or namespace's path"
         return None
 
-    def read_header(self, path: str) -> fmt.ObjectHeader | None:
-        """The checked header of the object at ``path`` (data not read), or ``None``."""
-        fd, _ = self._open(path)
+    def read_header(self, rel: str) -> fmt.ObjectHeader | None:
+        """The checked header of the object at ``rel`` (data not read), or ``None``."""
+        fd, _ = self._open(rel)
         if fd is None:
             return None
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            size = st.st_size
             return self._check_header(self._read_head(fd, size), size, None, None)
         except FormatError:
             return None

@@ -70,9 +70,19 @@ class DiskOptions:
         "them at once).",
     )
 
+    staging_bytes: int = option(
+        "1GiB",
+        kind="bytes",
+        minimum=0,
+        doc="Idle O_DIRECT staging buffers kept for reuse between bursts (each I/O in flight "
+        "holds one; concurrency x chunk size keeps a burst of unaligned values from "
+        "page-faulting fresh memory); a buffer unused for 30 s is released, so an idle "
+        "backend holds none.",
+    )
     pin_seconds: float = option(
         300.0,
         minimum=0.001,
+        maximum=86400.0,
         doc="Lifetime of a pin taken by pin()/pin_many() (lookup leases): eviction in every "
         "process skips a pinned entry until it is unpinned or this many seconds pass, so a "
         "process that hangs or dies cannot pin forever.",

@@ -26,7 +26,7 @@ from typing import TypeVar
 
 from lmcache_core.keys import CacheEngineKey
 
-from .index import IndexTx
+from .index import MAX_PIN_S, IndexTx
 from .state import DiskState
 
 __all__ = ["PIN_WAIT_S", "DiskPin", "DiskPins"]
@@ -71,8 +71,8 @@ class DiskPins(DiskState):
         if not self.started:
             return [None] * len(keys)
         ttl = self.opts.pin_seconds if ttl_s is None else float(ttl_s)
-        if not (ttl > 0 and math.isfinite(ttl)):
-            raise ValueError(f"ttl_s must be a positive number of seconds, got {ttl_s!r}")
+        if not (0 < ttl <= MAX_PIN_S and math.isfinite(ttl)):
+            raise ValueError(f"ttl_s must be in (0, {MAX_PIN_S:g}] seconds, got {ttl_s!r}")
         rels = [self._rel(k) for k in keys]
         now = time.time()
         expires = now + ttl

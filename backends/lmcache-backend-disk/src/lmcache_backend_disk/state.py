@@ -9,7 +9,6 @@ removal). :class:`DiskState` declares what they use from one another.
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -18,11 +17,12 @@ from lmcache_core.backend import BackendStats
 from lmcache_core.keys import CacheEngineKey
 
 if TYPE_CHECKING:
-    from .index import SharedIndex
     from .objects import ObjectIO
     from .options import DiskOptions
+    from .sandbox import TierDir
+    from .shared_index import SharedIndex
 
-__all__ = ["Counters", "DiskState", "unlink_quiet"]
+__all__ = ["Counters", "DiskState"]
 
 T = TypeVar("T")
 
@@ -43,6 +43,11 @@ class Counters:
         self.read_errors = 0
         self.reaped_owners = 0
         self.removed_temps = 0
+        self.index_rebuilds = 0  # index rebuilt from the files (start or healing)
+        self.index_heals = 0  # damage found at run time (each starts a rebuild)
+        self.index_unavailable = 0  # operations refused while the index was rebuilt
+        self.links_removed = 0  # symbolic links (or files) removed where the layout has others
+        self.remove_failures = 0  # removals refused by the filesystem (read-only, ...)
         self.pins = 0  # pins taken
         self.pin_failures = 0  # pin calls that could not reach the index in time
 
@@ -67,11 +72,15 @@ class DiskState:
     _exec: concurrent.futures.ThreadPoolExecutor | None
     _totals: tuple[int, int]
     _index: SharedIndex | None
+    _last_audit: float
+    _last_owner_check: float
 
     if TYPE_CHECKING:
 
         @property
         def started(self) -> bool: ...
+        @property
+        def tier(self) -> TierDir: ...
         @property
         def index(self) -> SharedIndex: ...
         @property
@@ -88,12 +97,8 @@ class DiskState:
         def _temp_is_stale(self, f: Any, stale_before: float) -> bool: ...
         def _take_unpins(self) -> list[int]: ...
         def _requeue_unpins(self, ids: list[int]) -> None: ...
-
-
-def unlink_quiet(path: str) -> bool:
-    """Unlink ``path``; ``False`` when it was not there."""
-    try:
-        os.unlink(path)
-        return True
-    except FileNotFoundError:
-        return False
+        def _wait_healed(self, timeout: float | None = None) -> bool: ...
+        def _ensure_owner_file(self) -> None: ...
+        def _sync_rows_with_files(self) -> tuple[int, int]: ...
+        def _index_lock(self) -> Any: ...
+        def _open_index_locked(self, damaged: tuple[int, int] | None = None) -> None: ...

@@ -11,11 +11,13 @@ no step waits for the event loop.
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import fcntl
 import json
 import logging
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Sequence
@@ -26,14 +28,20 @@ import torch
 from lmcache_core.keys import CacheEngineKey
 
 from . import layout
-from .index import IndexTx
+from .index import IndexTx, IndexUnavailable
 from .objects import HeaderTemplate
-from .state import DiskState, unlink_quiet
+from .state import DiskState
 
 __all__ = ["DiskStore"]
 
 log = logging.getLogger("lmcache_core.disk")
 _EVICT_BATCH = 64
+#: Seconds between audits of the shared totals against the rows (by a reserving writer).
+AUDIT_INTERVAL_S = 60.0
+#: Shortest time between two audits started because the totals exceed the bound.
+AUDIT_OVER_BOUND_S = 5.0
+#: Seconds between checks that this backend's owner file is still in place.
+OWNER_CHECK_S = 10.0
 
 
 @dataclass
@@ -134,19 +142,17 @@ class DiskStore(DiskState):
         with self._ns_lock:
             if self._ns_ready:
                 return
-            ns_path = self._abs(self._ns_dir)
-            layout.make_dirs(ns_path, self.dir_mode, durable=self.opts.fsync)
-            marker = os.path.join(ns_path, layout.NAMESPACE_FILE)
-            if not os.path.exists(marker):
-                tmp = f"{marker}.{self.owner}.tmp"
-                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-                fd = os.open(tmp, flags, self.file_mode)
-                try:
-                    os.write(fd, json.dumps({"namespace": self._ns_json}).encode("utf-8"))
-                    os.fchmod(fd, self.file_mode)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, marker)
+            tier = self.tier
+            new_dirs = tier.make_dirs(self._ns_dir, self.dir_mode, self.io.umask)
+            marker = f"{self._ns_dir}/{layout.NAMESPACE_FILE}"
+            st = tier.lstat(marker)
+            if st is None or not stat.S_ISREG(st.st_mode):
+                data = json.dumps({"namespace": self._ns_json}).encode("utf-8")
+                tier.write_file(marker, data, self.file_mode, self.io.umask)
+                new_dirs.append(self._ns_dir)
+            if self.opts.fsync:
+                for d in new_dirs:
+                    tier.fsync_dir(d)
             self._ns_ready = True
 
     def _reserve_sync(self, writes: list[_Write]) -> None:
@@ -159,6 +165,11 @@ class DiskStore(DiskState):
                 self._reap_sync()
             ):
                 self._reserve_once([w for w in writes if w.pending_id is None])
+        except IndexUnavailable:
+            self.counters.index_unavailable += len(writes)  # being rebuilt: refused softly
+            for w in writes:
+                w.pending_id = None
+            return
         except (OSError, sqlite3.Error) as exc:
             self.counters.index_errors += 1
             self._stats.errors += 1
@@ -169,6 +180,9 @@ class DiskStore(DiskState):
         self.counters.full_rejections += sum(w.pending_id is None for w in writes)
 
     def _reserve_once(self, writes: list[_Write]) -> None:
+        if time.monotonic() - self._last_owner_check >= OWNER_CHECK_S:
+            self._last_owner_check = time.monotonic()
+            self._ensure_owner_file()
         now = time.time()
         touches = self._take_touches()
         unpins = self._take_unpins()
@@ -180,6 +194,10 @@ class DiskStore(DiskState):
                     tx.delete_pins(unpins)
                 if not self._bound_recorded:  # for inspect: the bound writers enforce
                     tx.set_meta("max_bytes", str(self.max_bytes))
+                if time.monotonic() - self._last_audit >= AUDIT_INTERVAL_S:
+                    self._last_audit = time.monotonic()
+                    if tx.audit():
+                        log.warning("disk tier %s: index totals were wrong; fixed", self.root)
                 for w in writes:
                     if (
                         w.pending_id is None
@@ -203,10 +221,23 @@ class DiskStore(DiskState):
         and entries being read are skipped)."""
         skipped = 0
         now = time.time()
+        audited = False
+        if tx.used() > self.max_bytes and time.monotonic() - self._last_audit > AUDIT_OVER_BOUND_S:
+            # over the bound before this write: falsified totals would make it evict
+            # everything, so check them first (rate-limited)
+            self._last_audit = time.monotonic()
+            audited = True
+            if tx.audit():
+                log.warning("disk tier %s: index totals were wrong; fixed", self.root)
         while tx.used() + size > self.max_bytes:
             batch = tx.lru(_EVICT_BATCH, skipped, now)
             if not batch:
-                return False
+                # Nothing left to evict: unless the totals are wrong (checked once), full.
+                if audited or not tx.audit():
+                    return False
+                audited = True
+                log.warning("disk tier %s: index totals were wrong; fixed", self.root)
+                continue
             for rel, esize in batch:
                 if self._evict_file(rel):
                     tx.delete_entry(rel)
@@ -219,13 +250,19 @@ class DiskStore(DiskState):
         return True
 
     def _evict_file(self, rel: str) -> bool:
-        """Unlink an object unless someone is reading it; ``True`` when it is gone."""
+        """Unlink an object unless someone is reading it; ``True`` when it is gone (or was
+        never reachable: a link on the way is removed, never followed)."""
         if not layout.is_object_relpath(rel):
             return True  # never touch anything outside the object tree: just drop the row
-        path = self._abs(rel)
+        tier = self.tier
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except FileNotFoundError:
+            fd = tier.open(rel, os.O_RDONLY | os.O_NONBLOCK)
+        except (FileNotFoundError, NotADirectoryError):
+            return True
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            tier.remove_links(rel)
             return True
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -233,9 +270,9 @@ class DiskStore(DiskState):
             os.close(fd)
             return False
         try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+            tier.unlink(rel)
+        except IsADirectoryError:
+            log.warning("disk tier %s: a directory sits at %s; dropping its row", self.root, rel)
         finally:
             os.close(fd)
         return True
@@ -245,7 +282,7 @@ class DiskStore(DiskState):
             value = w.value
             if value.device.type != "cpu":
                 value = value.to("cpu")
-            _, new_dirs = self.io.write_temp(self._abs(w.tmp), w.template, value.contiguous())
+            _, new_dirs = self.io.write_temp(w.tmp, w.template, value.contiguous())
             w.new_dirs = tuple(new_dirs)
             w.written = True
         except OSError as exc:
@@ -256,6 +293,8 @@ class DiskStore(DiskState):
     def _publish_sync(self, writes: list[_Write]) -> list[bool]:
         """Rename written objects into place and record them; release all reservations."""
         results = [False] * len(writes)
+        if all(w.pending_id is None for w in writes):
+            return results  # nothing was reserved: nothing to publish or release
         renamed: list[int] = []
         now = time.time()
         try:
@@ -265,13 +304,14 @@ class DiskStore(DiskState):
                         continue
                     if w.written:
                         try:
-                            os.rename(self._abs(w.tmp), self._abs(w.rel))
+                            head, _, name = w.rel.rpartition("/")
+                            self.tier.rename(head, w.tmp.rpartition("/")[2], name)
                         except OSError as exc:
                             self.counters.store_failures += 1
                             log.warning(
                                 "disk tier %s: publishing %s failed: %s", self.root, w.rel, exc
                             )
-                            unlink_quiet(self._abs(w.tmp))
+                            self._unlink_quietly(w.tmp)
                         else:
                             renamed.append(i)
                             tx.upsert_entry(w.rel, w.size, now)
@@ -284,9 +324,9 @@ class DiskStore(DiskState):
             log.warning("disk tier %s: recording stores failed: %s", self.root, exc)
             for j, w in enumerate(writes):
                 if j in renamed:
-                    unlink_quiet(self._abs(w.rel))
+                    self._unlink_quietly(w.rel)
                 elif w.pending_id is not None:
-                    unlink_quiet(self._abs(w.tmp))
+                    self._unlink_quietly(w.tmp)
             self._release_pending_quietly(writes)
             return results
         for i in renamed:
@@ -295,14 +335,20 @@ class DiskStore(DiskState):
             # One fsync per directory touched by the batch (the renames, and the entries of
             # directories created for it), deepest first; on journaling filesystems the
             # first one commits them all and the rest return at once.
-            dirs = {os.path.dirname(self._abs(writes[i].rel)) for i in renamed}
+            dirs = {writes[i].rel.rpartition("/")[0] for i in renamed}
             dirs.update(d for i in renamed for d in writes[i].new_dirs)
-            for d in sorted(dirs, key=lambda p: (-p.count(os.sep), p)):
+            for d in sorted(dirs, key=lambda p: (-p.count("/"), p)):
                 try:
-                    layout.fsync_dir(d)
+                    self.tier.fsync_dir(d)
                 except OSError as exc:
                     log.warning("disk tier %s: fsync of %s failed: %s", self.root, d, exc)
         return results
+
+    def _unlink_quietly(self, rel: str) -> None:
+        try:
+            self.tier.unlink(rel)
+        except OSError as exc:
+            log.warning("disk tier %s: could not remove %s: %s", self.root, rel, exc)
 
     def _release_pending_quietly(self, writes: list[_Write]) -> None:
         try:
