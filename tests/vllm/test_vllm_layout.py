@@ -114,37 +114,6 @@ def test_partial_scatter_skips_leading_blocks() -> None:
     assert not any(_block_bytes(dst_views[0], 4))
 
 
-def test_scatter_by_memmove_matches_torch_copies_and_falls_back_when_strided() -> None:
-    """Host scatters copy runs of consecutive blocks with ``memmove``; the result is the
-    same, byte for byte, as torch's copies, and a non-contiguous source takes torch's path."""
-    from lmcache_core.integrations.vllm.layout import BlockCopier
-
-    _, src_views, _ = _caches("LBHNC", torch.float32, fill=True)
-    src = BlockCopier(src_views, NUM_BLOCKS)
-    chunk = torch.empty(src.chunk_shape(4), dtype=torch.float32)
-    src.gather([0, 3, 4, 9], chunk)
-    ids = [7, 8, 2, 10]  # runs [7, 8], [2], [10]
-    outs = []
-    for how in ("memmove", "torch", "strided"):
-        _, dst_views, _ = _caches("LBHNC", torch.float32, fill=False)
-        dst = BlockCopier(dst_views, NUM_BLOCKS)
-        if how == "memmove":
-            dst.scatter(chunk, ids)
-        elif how == "torch":
-            dst._scatter(chunk, ids, dst._index(ids))
-        else:  # a layer-major copy viewed block-major: not contiguous per layer
-            strided = chunk.transpose(0, 1).contiguous().transpose(0, 1)
-            assert not strided[0, 0:2].is_contiguous()
-            assert not dst._memmove_runs(strided, ids)
-            dst.scatter(strided, ids)
-        outs.append(torch.stack([v.view(torch.uint8) for v in dst_views]))
-    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
-    for j, b in enumerate(ids):
-        assert _block_bytes(dst_views[1], b) == _block_bytes(src_views[1], [0, 3, 4, 9][j])
-    with pytest.raises(IndexError):
-        dst.scatter(chunk[:, :1], [NUM_BLOCKS])
-
-
 def test_kernel_blocks_are_regrouped_into_manager_blocks() -> None:
     from lmcache_core.integrations.vllm.layout import BlockCopier
 

@@ -19,8 +19,6 @@ from typing import Any
 
 import torch
 
-from ...memory import copy_into
-
 __all__ = [
     "SUPPORTED_BACKENDS",
     "SUPPORTED_LAYOUTS",
@@ -236,37 +234,10 @@ class BlockCopier:
         n = self._check_src(src, block_ids)
         if n == 0:
             return
-        if self._on_cpu and self._memmove_runs(src, block_ids):
-            return
         idx = self._index(block_ids)
         if not self._on_cpu:
             src = src.to(self.device, non_blocking=True)
         self._scatter(src, block_ids, idx)
-
-    def _memmove_runs(self, src: torch.Tensor, block_ids: Sequence[int]) -> bool:
-        """Host caches: scatter each run of consecutive blocks of each layer with one
-        single-threaded ``memmove`` (:func:`~lmcache_core.memory.copy_into`) from
-        ``src[layer, j:j+k]``. torch's strided ``copy_`` splits across its OpenMP threads
-        and stalls whenever another thread holds a core: a 4 MiB chunk measured 0.1-0.2 ms
-        at the median but 8 ms at the 90th percentile with one core busy, ``memmove``
-        0.2-0.3 ms at both. (Gathers keep ``index_select``, which did not stall.)
-        ``False``, nothing copied, when a region is not contiguous."""
-        if src.dtype != self.dtype:
-            return False
-        bad = [b for b in block_ids if not 0 <= b < self.num_blocks]
-        if bad:
-            raise IndexError(f"block ids {bad[:4]} out of range [0, {self.num_blocks})")
-        runs = _runs(block_ids)
-        pairs = []
-        for layer, view in enumerate(self.views):
-            for j, b, k in runs:
-                blocks, part = view[b : b + k], src[layer, j : j + k]
-                if not (blocks.is_contiguous() and part.is_contiguous()):
-                    return False
-                pairs.append((blocks, part))
-        for dst, part in pairs:
-            copy_into(dst, part)
-        return True
 
     def _scatter(self, src: torch.Tensor, block_ids: Sequence[int], idx: torch.Tensor) -> None:
         combined = self.combined
