@@ -62,9 +62,13 @@ def e9(vllm_models: Models, tmp_path_factory: pytest.TempPathFactory) -> EngineR
     steps: list[dict[str, Any]] = [
         _gen("store", *c.SLOW),  # cold: their chunks are stored (no delays yet)
         {"op": "control", "name": "slow", "values": SLOW},
-        # baseline just before, in the same process: the decoding request alone
-        *[_itl(f"base{i}", []) for i in range(REPEATS)],
-        *[_itl(f"slow{i}", [p]) for i, p in enumerate((s0, s1, s2))],
+        # baseline just before each slow run, in the same process: the decoding request
+        # alone (interleaved, so a drift in the shared machine's load hits both alike)
+        *[
+            step
+            for i, p in enumerate((s0, s1, s2))
+            for step in (_itl(f"base{i}", []), _itl(f"slow{i}", [p]))
+        ],
         {"op": "control", "name": "slow_lookups", "values": {"lookup_delay_s": 2.0}},
         _gen("lookup_late", s3, no_disk_wait=True),
         {"op": "control", "name": "slow_gets", "values": {"get_delay_s": 2.0}},

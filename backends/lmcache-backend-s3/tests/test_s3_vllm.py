@@ -78,7 +78,12 @@ def two_hosts(s3_server: LocalS3, tmp_path_factory: pytest.TempPathFactory) -> d
     runs = {}
     for host in ("a", "b"):
         stats = work / f"stats-{host}"
-        ktc = h.connector_config(_storage(c, work / f"disk-{host}", s3_server, "e2e"), stats)
+        # The connector's own lookup deadline (20 ms by default) bounds how long a request
+        # waits for the shared tiers' answer; HEADs to a loaded local server can take longer,
+        # and this test is about what a second host finds, not how fast.
+        ktc = h.connector_config(
+            _storage(c, work / f"disk-{host}", s3_server, "e2e"), stats, lookup_deadline_ms=2000
+        )
         spec = {
             "engine": {
                 "model": str(model),

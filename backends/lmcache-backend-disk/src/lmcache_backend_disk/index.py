@@ -10,6 +10,12 @@ A SQLite database in WAL mode under ``<root>/.lmcache-disk/``:
 ``totals``
     ``used`` (bytes of entries + pending) and ``entries``, kept exact by triggers, so a
     reservation reads usage in O(1) instead of summing 100k rows.
+``changes(seq, path, present)``
+    one row per entry inserted (``present`` 1) or deleted (0), in commit order, filled by
+    triggers: what each process's in-memory view of the keys (:mod:`.view`) reads to
+    catch up incrementally. Writers prune it to the last :data:`CHANGES_KEEP` rows (the
+    ``changes_floor`` meta value says up to which ``seq`` rows are gone; a view that is
+    further behind reloads the entries).
 ``pins(id, path, owner, expires)``
     one row per pin (:meth:`DiskBackend.pin`): eviction skips an entry while it has a pin
     whose ``expires`` (wall clock) has not passed.
@@ -60,6 +66,8 @@ _BAD_OWNER = f"typeof(owner) != 'text' OR length(owner) != 16 OR owner NOT GLOB 
 _BAD_SIZE = f"typeof(size) != 'integer' OR size < 0 OR size > {MAX_SIZE}"
 
 SCHEMA_VERSION = "1"
+#: Rows of the ``changes`` table kept by :meth:`IndexTx.prune_changes`.
+CHANGES_KEEP = 50_000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries(
@@ -84,6 +92,12 @@ CREATE TRIGGER IF NOT EXISTS entries_del AFTER DELETE ON entries BEGIN
     UPDATE totals SET used = used - OLD.size, entries = entries - 1; END;
 CREATE TRIGGER IF NOT EXISTS entries_upd AFTER UPDATE OF size ON entries BEGIN
     UPDATE totals SET used = used - OLD.size + NEW.size; END;
+CREATE TABLE IF NOT EXISTS changes(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, path TEXT NOT NULL, present INTEGER NOT NULL);
+CREATE TRIGGER IF NOT EXISTS changes_ins AFTER INSERT ON entries BEGIN
+    INSERT INTO changes(path, present) VALUES (NEW.path, 1); END;
+CREATE TRIGGER IF NOT EXISTS changes_del AFTER DELETE ON entries BEGIN
+    INSERT INTO changes(path, present) VALUES (OLD.path, 0); END;
 CREATE TRIGGER IF NOT EXISTS pending_ins AFTER INSERT ON pending BEGIN
     UPDATE totals SET used = used + NEW.size; END;
 CREATE TRIGGER IF NOT EXISTS pending_del AFTER DELETE ON pending BEGIN
@@ -373,6 +387,52 @@ class IndexTx:
 
     def clear_entries(self) -> None:
         self._con.execute("DELETE FROM entries")
+
+    # -- change log (the per-process key views) ------------------------------------------
+    def prune_changes(self, keep: int = CHANGES_KEEP) -> int:
+        """Delete all but the last ``keep`` rows of the change log; rows deleted."""
+        (last,) = self._con.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()
+        if type(last) is not int or last <= keep:
+            return 0
+        cut = last - keep
+        n = self._con.execute("DELETE FROM changes WHERE seq <= ?", (cut,)).rowcount
+        if n:
+            self.set_meta("changes_floor", str(cut))
+        return n
+
+    def changes_since(self, seq: int) -> tuple[int, int, list[tuple[str, bool]]] | None:
+        """``(floor, last seq, [(path, present)])``: the changes after ``seq`` in commit
+        order, or ``None`` when the log cannot tell (pruned past ``seq``, or ``seq`` is
+        ahead of it: another index file). Malformed rows are left out."""
+        floor_text = self.meta("changes_floor")
+        floor = int(floor_text) if floor_text is not None and floor_text.isdigit() else 0
+        (last,) = self._con.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()
+        if type(last) is not int or seq < floor or seq > last:
+            return None
+        out = [
+            (p, bool(present))
+            for s, p, present in self._con.execute(
+                "SELECT seq, path, present FROM changes WHERE seq > ? ORDER BY seq", (seq,)
+            )
+            if type(s) is int and isinstance(p, str) and present in (0, 1)
+        ]
+        return floor, last, out
+
+    def last_change(self) -> int:
+        """The ``seq`` of the latest change (0: none)."""
+        (last,) = self._con.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()
+        return last if type(last) is int else 0
+
+    def paths_under(self, prefix: str) -> list[str]:
+        """Paths of the entries that start with ``prefix`` (unvalidated text)."""
+        hi = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        return [
+            p
+            for (p,) in self._con.execute(
+                "SELECT path FROM entries WHERE path >= ? AND path < ?", (prefix, hi)
+            )
+            if isinstance(p, str)
+        ]
 
     # -- pending writes ----------------------------------------------------------------
     def add_pending(self, owner: str, path: str, tmp: str, size: int, now: float) -> int:
