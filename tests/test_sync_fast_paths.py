@@ -294,6 +294,21 @@ def _uniform_values(n: int) -> dict[tuple[int, int], torch.Tensor]:
             for i in range(n) for v in (0, 1)}  # fmt: skip
 
 
+def _run_workers_during(
+    sb: SyncBackend, worker: Callable[[int], None], stop: threading.Event, churn: Any
+) -> None:
+    """Run ``worker(seed)`` in 4 threads while ``churn`` runs on the loop; stop and join them."""
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        sb.io.run(churn)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+
+
 def _check_accounting(b: CPUBackend) -> None:
     st = b.stats()
     entries = list(b._entries.values())
@@ -401,15 +416,7 @@ def test_threads_hammer_the_fast_paths_while_the_loop_churns(lower: str) -> None
             else:
                 await h.remove(keys[i])
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    try:
-        sb.io.run(churn())
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
+    _run_workers_during(sb, worker, stop, churn())
     try:
         sb.io.run(h.flush())
         assert not errors, errors[:5]
@@ -469,15 +476,7 @@ def test_bare_cpu_backend_under_threads_and_loop_eviction() -> None:
             else:
                 await b.remove(keys[i])
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    try:
-        sb.io.run(churn())
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
+    _run_workers_during(sb, worker, stop, churn())
     try:
         assert not errors, errors[:5]
         _check_accounting(b)
