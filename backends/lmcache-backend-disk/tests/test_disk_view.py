@@ -6,6 +6,7 @@ bytes."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from disk_testutil import run
 from lmcache_backend_disk import DiskBackend
@@ -115,6 +117,73 @@ def test_forged_change_rows_are_misses_at_load(tmp_path: Path) -> None:
             assert a._view is not None and all("/" in n and ".." not in n for n in a._view._names)
         finally:
             await a.close()
+
+    run(body())
+
+
+def _older_version_audit(root: Path) -> None:
+    """What the schema audit of a version without the change log does (at its start and
+    every ``AUDIT_INTERVAL_S``): the log's triggers are not in its schema, so it drops them
+    as foreign (the ``changes`` table, unknown to it, is left alone)."""
+    import sqlite3
+
+    con = sqlite3.connect(root / ".lmcache-disk" / "index.sqlite", isolation_level=None)
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        con.execute('DROP TRIGGER "changes_ins"')
+        con.execute('DROP TRIGGER "changes_del"')
+        con.execute("COMMIT")
+    finally:
+        con.close()
+
+
+def test_an_older_version_dropping_the_change_log_never_leaves_a_stale_view(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The schema version was kept (an older process would take a bumped index for
+    damage and rebuild it); an older process drops the change log's triggers instead.
+    While they are gone, changes are not logged: the view stops answering (lookups check
+    the files: right answers, no fast path), and once a newer process's audit restores the
+    triggers (new epoch) it reloads, so a change made meanwhile is never missed."""
+    root = tmp_path / "tier"
+
+    async def body() -> None:
+        a = _b(root, lookup_refresh_s=0)
+        b = _b(root, lookup_refresh_s=0)
+        await a.start()
+        await b.start()
+        try:
+            keys = [_key(i) for i in range(6)]
+            assert all(await b.batched_put(keys[:4], [_val(i) for i in range(4)]))
+            assert await a.batched_contains(keys) == [True] * 4 + [False] * 2
+            assert a._view is not None
+            reloads = a._view.reloads
+            with caplog.at_level(logging.WARNING, logger="lmcache_core.disk"):
+                _older_version_audit(root)
+                # changes made while the log is off: not in the change log
+                assert await b.remove(keys[0])
+                assert all(await b.batched_put(keys[4:5], [_val(4)]))
+                assert a.try_batched_contains_threadsafe(keys) is None
+                assert await a.batched_contains(keys) == [False] + [True] * 4 + [False]
+                out = torch.zeros(CHUNK, dtype=torch.uint8)
+                assert not await a.get_into(keys[0], out)
+            assert "change log is off" in caplog.text
+            # a newer process starts (its audit restores the triggers, new epoch)
+            c = _b(root, lookup_refresh_s=0)
+            await c.start()
+            await c.close()
+            expect = [False] + [True] * 4 + [False]
+            assert a.try_batched_contains_threadsafe(keys) == expect
+            assert await a.batched_contains(keys) == expect
+            assert a._view.reloads == reloads + 1
+            assert await a.get_into(keys[4], out) and same_bits(out, _val(4))
+            # and the log is trusted again: a later change is seen incrementally
+            assert await b.remove(keys[4])
+            assert a.try_batched_contains_threadsafe(keys[4:5]) == [False]
+            assert a._view.reloads == reloads + 1
+        finally:
+            await a.close()
+            await b.close()
 
     run(body())
 
