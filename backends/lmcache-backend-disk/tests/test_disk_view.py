@@ -214,6 +214,9 @@ def test_sync_lookups_take_no_hop_and_leases_pin(tmp_path: Path) -> None:
         assert res.num_hit == 3 and res.leased == 3
         with disk.index.snapshot() as tx:
             assert tx.pinned_count(time.time()) == 3
+        # a caller that must not stall (vLLM's engine thread) releases on the loop: an
+        # unpin is an index transaction that may wait for the lock
+        assert h.try_release_threadsafe(keys, blocking=False) is None
         assert hs.release(keys) == 3
         assert threading.get_ident() == loop_thread
 
