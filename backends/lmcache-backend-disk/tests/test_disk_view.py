@@ -322,3 +322,64 @@ def test_two_processes_see_each_others_puts_and_evictions(tmp_path: Path) -> Non
             child.stdin.close()
         child.wait(timeout=60)
     assert child.returncode == 0
+
+
+def test_leases_taken_from_a_thread_survive_another_process_evicting(tmp_path: Path) -> None:
+    """A leasing ``lookup_prefix`` answered in the calling thread pins the disk entries in
+    the shared index exactly as the event loop's does: another process filling the tier
+    evicts everything but them, and they load bit-exact; once released they can go."""
+    from lmcache_core import TieredHierarchy
+
+    root = tmp_path / "tier"
+    here = os.path.dirname(os.path.abspath(__file__))
+    h = TieredHierarchy.from_config(
+        {
+            "tiers": [
+                {
+                    "name": "disk",
+                    "backend": "disk",
+                    "options": {"path": str(root), "fsync": False, "max_bytes": 8 * OBJ},
+                }
+            ]
+        },
+        namespace=NS,
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD.format(here=here, root=str(root))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    def ask(lo: int, hi: int) -> dict[str, object]:
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write(f"put {lo} {hi} 1\n")
+        child.stdin.flush()
+        reply = json.loads(child.stdout.readline())
+        assert reply["ok"], reply
+        return dict(reply)
+
+    try:
+        with SyncBackend(h) as hs:
+            keys = [_key(i) for i in range(3)]
+            assert all(hs.batched_put(keys, [_val(i) for i in range(3)]))
+            res = h.try_lookup_prefix_threadsafe(keys, lease_s=60)  # this thread, no hop
+            assert res is not None and res.num_hit == 3 and res.pinned == (True,) * 3
+            disk = h.tiers[0].backend
+            assert isinstance(disk, DiskBackend)
+            with disk.index.snapshot() as tx:
+                assert tx.pinned_count(time.time()) == 3
+            for lo in range(100, 116, 4):  # 16 chunks into the 5 free places, 4 at a time
+                ev = int(ask(lo, lo + 4)["ev"])  # type: ignore[call-overload]
+            assert ev >= 11  # it evicted all it could: its own chunks, never the pinned
+            out = torch.empty(CHUNK, dtype=torch.uint8)
+            for i, k in enumerate(keys):
+                assert hs.get_into(k, out) and same_bits(out, _val(i))
+            assert hs.release(keys) == 3
+            for lo in range(116, 124, 4):  # unpinned now: evicted by the next fill
+                ask(lo, lo + 4)
+            assert hs.batched_contains(keys) == [False] * 3
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(timeout=60)
