@@ -6,6 +6,7 @@ bytes."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from disk_testutil import run
 from lmcache_backend_disk import DiskBackend
@@ -119,6 +121,73 @@ def test_forged_change_rows_are_misses_at_load(tmp_path: Path) -> None:
     run(body())
 
 
+def _older_version_audit(root: Path) -> None:
+    """What the schema audit of a version without the change log does (at its start and
+    every ``AUDIT_INTERVAL_S``): the log's triggers are not in its schema, so it drops them
+    as foreign (the ``changes`` table, unknown to it, is left alone)."""
+    import sqlite3
+
+    con = sqlite3.connect(root / ".lmcache-disk" / "index.sqlite", isolation_level=None)
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        con.execute('DROP TRIGGER "changes_ins"')
+        con.execute('DROP TRIGGER "changes_del"')
+        con.execute("COMMIT")
+    finally:
+        con.close()
+
+
+def test_an_older_version_dropping_the_change_log_never_leaves_a_stale_view(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The schema version was kept (an older process would take a bumped index for
+    damage and rebuild it); an older process drops the change log's triggers instead.
+    While they are gone, changes are not logged: the view stops answering (lookups check
+    the files: right answers, no fast path), and once a newer process's audit restores the
+    triggers (new epoch) it reloads, so a change made meanwhile is never missed."""
+    root = tmp_path / "tier"
+
+    async def body() -> None:
+        a = _b(root, lookup_refresh_s=0)
+        b = _b(root, lookup_refresh_s=0)
+        await a.start()
+        await b.start()
+        try:
+            keys = [_key(i) for i in range(6)]
+            assert all(await b.batched_put(keys[:4], [_val(i) for i in range(4)]))
+            assert await a.batched_contains(keys) == [True] * 4 + [False] * 2
+            assert a._view is not None
+            reloads = a._view.reloads
+            with caplog.at_level(logging.WARNING, logger="lmcache_core.disk"):
+                _older_version_audit(root)
+                # changes made while the log is off: not in the change log
+                assert await b.remove(keys[0])
+                assert all(await b.batched_put(keys[4:5], [_val(4)]))
+                assert a.try_batched_contains_threadsafe(keys) is None
+                assert await a.batched_contains(keys) == [False] + [True] * 4 + [False]
+                out = torch.zeros(CHUNK, dtype=torch.uint8)
+                assert not await a.get_into(keys[0], out)
+            assert "change log is off" in caplog.text
+            # a newer process starts (its audit restores the triggers, new epoch)
+            c = _b(root, lookup_refresh_s=0)
+            await c.start()
+            await c.close()
+            expect = [False] + [True] * 4 + [False]
+            assert a.try_batched_contains_threadsafe(keys) == expect
+            assert await a.batched_contains(keys) == expect
+            assert a._view.reloads == reloads + 1
+            assert await a.get_into(keys[4], out) and same_bits(out, _val(4))
+            # and the log is trusted again: a later change is seen incrementally
+            assert await b.remove(keys[4])
+            assert a.try_batched_contains_threadsafe(keys[4:5]) == [False]
+            assert a._view.reloads == reloads + 1
+        finally:
+            await a.close()
+            await b.close()
+
+    run(body())
+
+
 def test_sync_lookups_take_no_hop_and_leases_pin(tmp_path: Path) -> None:
     """``SyncBackend`` answers disk lookups from the calling thread; a hierarchy's
     ``lookup_prefix`` with a lease pins the disk entries from that thread too."""
@@ -145,6 +214,9 @@ def test_sync_lookups_take_no_hop_and_leases_pin(tmp_path: Path) -> None:
         assert res.num_hit == 3 and res.leased == 3
         with disk.index.snapshot() as tx:
             assert tx.pinned_count(time.time()) == 3
+        # a caller that must not stall (vLLM's engine thread) releases on the loop: an
+        # unpin is an index transaction that may wait for the lock
+        assert h.try_release_threadsafe(keys, blocking=False) is None
         assert hs.release(keys) == 3
         assert threading.get_ident() == loop_thread
 
@@ -250,3 +322,64 @@ def test_two_processes_see_each_others_puts_and_evictions(tmp_path: Path) -> Non
             child.stdin.close()
         child.wait(timeout=60)
     assert child.returncode == 0
+
+
+def test_leases_taken_from_a_thread_survive_another_process_evicting(tmp_path: Path) -> None:
+    """A leasing ``lookup_prefix`` answered in the calling thread pins the disk entries in
+    the shared index exactly as the event loop's does: another process filling the tier
+    evicts everything but them, and they load bit-exact; once released they can go."""
+    from lmcache_core import TieredHierarchy
+
+    root = tmp_path / "tier"
+    here = os.path.dirname(os.path.abspath(__file__))
+    h = TieredHierarchy.from_config(
+        {
+            "tiers": [
+                {
+                    "name": "disk",
+                    "backend": "disk",
+                    "options": {"path": str(root), "fsync": False, "max_bytes": 8 * OBJ},
+                }
+            ]
+        },
+        namespace=NS,
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD.format(here=here, root=str(root))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    def ask(lo: int, hi: int) -> dict[str, object]:
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write(f"put {lo} {hi} 1\n")
+        child.stdin.flush()
+        reply = json.loads(child.stdout.readline())
+        assert reply["ok"], reply
+        return dict(reply)
+
+    try:
+        with SyncBackend(h) as hs:
+            keys = [_key(i) for i in range(3)]
+            assert all(hs.batched_put(keys, [_val(i) for i in range(3)]))
+            res = h.try_lookup_prefix_threadsafe(keys, lease_s=60)  # this thread, no hop
+            assert res is not None and res.num_hit == 3 and res.pinned == (True,) * 3
+            disk = h.tiers[0].backend
+            assert isinstance(disk, DiskBackend)
+            with disk.index.snapshot() as tx:
+                assert tx.pinned_count(time.time()) == 3
+            for lo in range(100, 116, 4):  # 16 chunks into the 5 free places, 4 at a time
+                ev = int(ask(lo, lo + 4)["ev"])  # type: ignore[call-overload]
+            assert ev >= 11  # it evicted all it could: its own chunks, never the pinned
+            out = torch.empty(CHUNK, dtype=torch.uint8)
+            for i, k in enumerate(keys):
+                assert hs.get_into(k, out) and same_bits(out, _val(i))
+            assert hs.release(keys) == 3
+            for lo in range(116, 124, 4):  # unpinned now: evicted by the next fill
+                ask(lo, lo + 4)
+            assert hs.batched_contains(keys) == [False] * 3
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(timeout=60)

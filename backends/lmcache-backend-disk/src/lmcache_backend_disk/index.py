@@ -38,6 +38,7 @@ settled when their owner is found dead.
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -65,7 +66,14 @@ _HEX16 = "[0-9a-f]" * 16
 _BAD_OWNER = f"typeof(owner) != 'text' OR length(owner) != 16 OR owner NOT GLOB '{_HEX16}'"
 _BAD_SIZE = f"typeof(size) != 'integer' OR size < 0 OR size > {MAX_SIZE}"
 
+#: Version 1 without the change log (older releases) and with it share the directory: the
+#: log is an addition that older code tolerates (it drops the log's triggers as foreign at
+#: its schema audits; the key views then fall back to the files, see :mod:`.view`), so the
+#: version is not bumped (an older process would take a bumped index for damage and
+#: rebuild it under the newer ones).
 SCHEMA_VERSION = "1"
+#: Meta key: a token recorded each time the change log's triggers are (re)created.
+CHANGE_LOG_EPOCH = "changes_epoch"
 #: Rows of the ``changes`` table kept by :meth:`IndexTx.prune_changes`.
 CHANGES_KEEP = 50_000
 
@@ -223,9 +231,15 @@ class IndexTx:
     def audit_schema(self) -> bool:
         """Drop triggers that are not exactly ours (a planted trigger could falsify the
         totals) and create what is missing; a table or index that differs from ours is
-        :class:`IndexDamaged`. ``True`` when a trigger was dropped."""
+        :class:`IndexDamaged`. ``True`` when a trigger was dropped.
+
+        When the change log's triggers are (re)created, a new :data:`CHANGE_LOG_EPOCH`
+        is recorded: changes made while they were missing were not logged (an older
+        version of this backend, whose audit drops them as foreign, shares the
+        directory), so every key view reloads instead of trusting the log."""
         dropped = False
         con = self._con
+        log_was_on = self.change_log_epoch() is not None
         for typ, name, tbl, sql in con.execute(
             "SELECT type, name, tbl_name, sql FROM sqlite_master"
         ).fetchall():
@@ -243,6 +257,8 @@ class IndexTx:
         for stmt in _SCHEMA.split(";\n"):
             if stmt.strip():
                 con.execute(stmt)
+        if not log_was_on and self.writable:
+            self.set_meta(CHANGE_LOG_EPOCH, secrets.token_hex(8))
         return dropped
 
     def audit(self) -> bool:
@@ -418,6 +434,23 @@ class IndexTx:
         ]
         return floor, last, out
 
+    def change_log_epoch(self) -> str | None:
+        """The change log's epoch (see :meth:`audit_schema`), or ``None`` when the log is
+        off now: one of its triggers is missing or not exactly ours, or no epoch was
+        recorded since they were created. A key view trusts the log only between two
+        reads of the same epoch."""
+        rows = self._con.execute(
+            "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger' "
+            "AND name IN (?, ?)",
+            _CHANGE_TRIGGERS,
+        ).fetchall()
+        if len(rows) != len(_CHANGE_TRIGGERS):
+            return None
+        for name, tbl, sql in rows:
+            if _EXPECTED.get(name) != ("trigger", tbl, sql):
+                return None
+        return self.meta(CHANGE_LOG_EPOCH)
+
     def last_change(self) -> int:
         """The ``seq`` of the latest change (0: none)."""
         (last,) = self._con.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()
@@ -539,3 +572,6 @@ def _expected_schema() -> dict[str, tuple[str, str, str | None]]:
 
 
 _EXPECTED = _expected_schema()
+#: The triggers that fill the ``changes`` table.
+_CHANGE_TRIGGERS = ("changes_ins", "changes_del")
+assert all(_EXPECTED[name][0] == "trigger" for name in _CHANGE_TRIGGERS)

@@ -14,6 +14,13 @@ When it catches up (the *visibility delay*):
   commit (the view asks the index whether anything changed - SQLite's ``data_version``,
   about 10 µs - at most that often; ``0`` asks at every lookup).
 
+The view trusts the change log only while its triggers are in place and its epoch is
+unchanged (:meth:`~.index.IndexTx.change_log_epoch`). An older version of this backend
+sharing the directory drops the triggers at its schema audits; the view then cannot
+answer (lookups check the files, as without a view) until a newer process's audit
+(at its start, then every ``AUDIT_INTERVAL_S``) restores them under a new epoch, and
+then reloads.
+
 The view is a hint about the files, like the index it mirrors: a positive can be stale
 (the object was evicted or removed since, or a row was forged), and a load then finds no
 valid object and reports a miss. Loads never trust the view: every read opens the file
@@ -47,6 +54,11 @@ IDENTITY_CHECK_S = 1.0
 MEMO_MAX = 1 << 17
 
 
+class ChangeLogOff(IndexUnavailable):
+    """The index's change log cannot be trusted now (see :meth:`IndexTx.change_log_epoch`):
+    the view cannot answer, lookups ask the files."""
+
+
 class KeyView:
     """The locations (``ab/cd/<32 hex>``, relative to the namespace directory) of every
     entry the shared index lists under ``ns_dir``, kept current as the module says.
@@ -63,6 +75,8 @@ class KeyView:
         self._generation = -1
         self._version = -1
         self._seq = 0
+        self._epoch: str | None = None
+        self._log_off_said = False
         self._seen_local = -1
         self._next_poll = 0.0
         self._next_check = 0.0
@@ -137,13 +151,31 @@ class KeyView:
             self._seen_local = local
             self._next_poll = now + self.refresh_s
 
+    def _say_log_off(self) -> None:
+        """A WARNING the first time (once per view: old and new processes may take turns
+        dropping and restoring the triggers), DEBUG after."""
+        if self._log_off_said:
+            log.debug("disk tier view of %s: the index's change log is off", self.prefix)
+        else:
+            self._log_off_said = True
+            log.warning(
+                "disk tier view of %s: the index's change log is off (an older version of "
+                "the disk backend shares this directory and dropped its triggers); lookups "
+                "check the files until a newer process's audit restores it",
+                self.prefix,
+            )
+
     def _poll(self, check: bool) -> None:
         self.polls += 1
         generation, version = self.index.view_version(check)
         if self._ok and generation == self._generation and version == self._version:
             return
         with self.index.view_snapshot() as tx:
-            if self._ok and generation == self._generation:
+            epoch = tx.change_log_epoch()
+            if epoch is None:
+                self._say_log_off()
+                raise ChangeLogOff("the index's change log is off")
+            if self._ok and generation == self._generation and epoch == self._epoch:
                 delta = tx.changes_since(self._seq)
                 if delta is not None:
                     _floor, last, rows = delta
@@ -165,6 +197,7 @@ class KeyView:
             fresh = {p[n:] for p in tx.paths_under(self.prefix) if is_object_relpath(p)}
         self._names = fresh
         self._seq = last
+        self._epoch = epoch
         self._generation = generation
         self._version = version
         self._ok = True
