@@ -15,18 +15,20 @@ inode (unlinking keeps it alive), verified by its checksum: never a torn read.
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import errno
 import fcntl
 import os
 import stat
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
 import numpy as np
 import torch
-from xxhash import xxh3_128_hexdigest
+from xxhash import xxh3_128, xxh3_128_hexdigest
 
 from lmcache_core import format as fmt
 from lmcache_core.errors import FormatError
@@ -38,6 +40,17 @@ from .sandbox import TierDir
 __all__ = ["ObjectIO", "ReadOutcome", "ReadResult"]
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
+#: ``O_DIRECT`` reads of large objects go in requests of this many bytes, each checksummed
+#: (and, into an unaligned buffer, copied) as soon as it lands, while the cache still
+#: holds it: the checksum and the copy overlap the object's next request instead of
+#: running over the whole object from memory after its last byte arrived.
+READ_PIECE = 4 << 20
+#: Threads allowed to copy and checksum objects at once (one per core this process may
+#: run on). A batch's writes all start together: sharing the cores fairly between them
+#: would finish every object's CPU work at about the same time and only then issue the
+#: first write, leaving the device idle for the whole CPU phase; in lanes, the first
+#: objects reach the device after one object's work and the rest overlap their writes.
+CPU_LANES = threading.BoundedSemaphore(max(1, len(os.sched_getaffinity(0))))
 _DUMMY_CHECKSUM = "xxh3_128:" + "0" * 32
 _CHECKSUM_FIELD = b'"checksum":"xxh3_128:'
 _STANDARD_META = frozenset({"format", "format_version", "key", "namespace", "checksum", "codec"})
@@ -198,19 +211,24 @@ class ObjectIO:
         src = _u8(value)
         n = src.nbytes
         if not self.direct:
-            header = template.with_digits(xxh3_128_hexdigest(src.data))
+            with CPU_LANES:
+                digits = xxh3_128_hexdigest(src.data)
+            header = template.with_digits(digits)
             _pwrite_all(fd, [memoryview(header), src.data], 0)
             return len(header) + n
         hlen = len(template)
         size = hlen + n
         padded = round_up(size)
+        _preallocate(fd, padded)
         if n >= ALIGN and src.ctypes.data % ALIGN == 0:
             return self._write_direct_aligned(fd, template, src)
         buf = self.pool.take(padded)
         try:
             stage = np.frombuffer(buf.view, dtype=np.uint8)
-            np.copyto(stage[hlen:size], src)
-            buf.view[:hlen] = template.with_digits(xxh3_128_hexdigest(buf.view[hlen:size]))
+            with CPU_LANES:
+                np.copyto(stage[hlen:size], src)
+                digits = xxh3_128_hexdigest(buf.view[hlen:size])
+            buf.view[:hlen] = template.with_digits(digits)
             stage[size:padded] = 0
             _pwrite_all(fd, [buf.view[:padded]], 0)
             if padded != size:
@@ -225,7 +243,8 @@ class ObjectIO:
         hlen, n = len(template), src.nbytes
         body = n - n % ALIGN
         tail = n - body
-        digits = xxh3_128_hexdigest(src.data)
+        with CPU_LANES:
+            digits = xxh3_128_hexdigest(src.data)
         bounce = self.pool.take(hlen + (ALIGN if tail else 0))
         try:
             bounce.view[:hlen] = template.with_digits(digits)
@@ -316,12 +335,65 @@ class ObjectIO:
             # Either another shape/dtype of this key (the caller's buffer is wrong) or junk.
             self._explain_mismatch(self._read_head(fd, size), size, key, ns_json, out)
         dst = _u8(out)
-        raw = self._read_body(fd, hlen, size, dst, with_head=True)
+        if self.direct:
+            raw, digest = self._read_direct_hashed(fd, hlen, size, dst)
+        else:
+            raw = self._read_body(fd, hlen, size, dst, with_head=True)
+            digest = None
         digits = template.digits_of(raw)
         if digits is None:
             self._explain_mismatch(raw, size, key, ns_json, out)
-        if xxh3_128_hexdigest(dst.data) != digits:
+        if (digest if digest is not None else xxh3_128_hexdigest(dst.data)) != digits:
             raise FormatError("checksum mismatch: object data is corrupted")
+
+    def _read_direct_hashed(
+        self, fd: int, hlen: int, size: int, dst: np.ndarray
+    ) -> tuple[bytes, str]:
+        """``O_DIRECT`` read of the header (``hlen`` bytes, block-aligned) and the data into
+        ``dst``, in requests of :data:`READ_PIECE`, each hashed as it lands (into an
+        aligned ``dst`` directly, else through one staging piece). Returns the header bytes
+        and the data's xxh3-128 hex digest."""
+        n = size - hlen
+        hasher = xxh3_128()
+        aligned = dst.ctypes.data % ALIGN == 0
+        span = round_up(hlen + min(n, READ_PIECE)) if not aligned else hlen + ALIGN
+        buf = self.pool.take(span)
+        stage = np.frombuffer(buf.view, dtype=np.uint8)
+        head = b""
+        try:
+            off = 0
+            while True:
+                piece = min(READ_PIECE, n - off)
+                head_len = hlen if off == 0 else 0
+                start = 0 if off == 0 else hlen + off
+                if aligned:
+                    body = piece - piece % ALIGN
+                    tail = piece - body
+                    views = [buf.view[:head_len]] if head_len else []
+                    if body:
+                        views.append(dst.data[off : off + body])
+                    if tail:
+                        views.append(buf.view[head_len : head_len + ALIGN])
+                else:
+                    body, tail = 0, 0
+                    views = [buf.view[: round_up(head_len + piece)]]
+                got = os.preadv(fd, views, start) if views else 0
+                if got != head_len + piece:
+                    raise FormatError(f"short read: {start + got} of {size} bytes (truncated?)")
+                if aligned:
+                    if tail:
+                        dst[off + body : off + piece] = stage[head_len : head_len + tail]
+                else:
+                    np.copyto(dst[off : off + piece], stage[head_len : head_len + piece])
+                if head_len:
+                    head = bytes(buf.view[:hlen])
+                if piece:
+                    hasher.update(dst.data[off : off + piece])
+                off += piece
+                if off >= n:
+                    return head, hasher.hexdigest()
+        finally:
+            self.pool.give(buf)
 
     def _explain_mismatch(
         self, raw: bytes, size: int, key: str, ns_json: str, out: torch.Tensor
@@ -481,6 +553,34 @@ def _pread_exact(fd: int, views: list[memoryview], offset: int, total: int) -> N
             raise FormatError(f"short read: {done} of {total} bytes (truncated?)")
         done += got
         views = _advance(views, got)
+
+
+def _load_fallocate() -> Callable[[int, int, int, int], int] | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.fallocate
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+_fallocate = _load_fallocate()
+
+
+def _preallocate(fd: int, nbytes: int) -> None:
+    """Allocate the file's blocks before an ``O_DIRECT`` write (``fallocate``, never
+    glibc's ``posix_fallocate`` emulation, which writes zeros): a write that extends a
+    file makes ext4 journal the extension around every request; into allocated blocks
+    it does not. Where the filesystem cannot (``EOPNOTSUPP``), the write extends the
+    file as before; other errors (``ENOSPC``) raise like the write would."""
+    if _fallocate is None or _fallocate(fd, 0, 0, nbytes) == 0:
+        return
+    err = ctypes.get_errno()
+    if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        return
+    raise OSError(err, os.strerror(err))
 
 
 def _pwrite_all(fd: int, views: list[memoryview], offset: int) -> None:
