@@ -128,6 +128,7 @@ def _backend_entry(reg: BackendRegistry, spec: BackendSpec) -> dict[str, Any]:
         "error": None,
         "capabilities": None,
         "options": [],
+        "runtime": None,
     }
     try:
         cls = spec.load()
@@ -138,10 +139,23 @@ def _backend_entry(reg: BackendRegistry, spec: BackendSpec) -> dict[str, Any]:
         if problems:
             raise TypeError("; ".join(problems))
         entry["options"] = describe_backend_options(cls)
+        entry["runtime"] = _runtime_note(cls)
     except Exception as exc:  # a broken backend is a row of the report, not a crash
         entry["status"] = "failed"
         entry["error"] = f"{type(exc).__name__}: {exc}"
     return entry
+
+
+def _runtime_note(cls: Any) -> str | None:
+    """What the backend would use in this process, when its class says (an optional
+    ``runtime_note()`` classmethod: the ``gds`` backend names its I/O path)."""
+    note = getattr(cls, "runtime_note", None)
+    if not callable(note):
+        return None
+    try:
+        return str(note())
+    except Exception as exc:  # a probe that fails is a line of the report
+        return f"unknown ({type(exc).__name__}: {exc})"
 
 
 def backends_report(reg: BackendRegistry, names: list[str] | None = None) -> dict[str, Any]:
@@ -215,6 +229,8 @@ def _print_backends_table(report: dict[str, Any]) -> None:
         if b["capabilities"]:
             caps = [k for k, v in b["capabilities"].items() if v]
             print(f"  capabilities: {', '.join(caps) or 'none'}")
+        if b.get("runtime"):
+            print(f"  runtime: {b['runtime']}")
         opt_rows = [
             [o["name"], o["type"], o["default_text"] or None, o["doc"]] for o in b["options"]
         ]
