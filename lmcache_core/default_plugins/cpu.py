@@ -133,6 +133,7 @@ class CPUBackend(BaseBackend):
 
     Options = CPUOptions
     capabilities = Capabilities(bounded=True, zero_copy=False)
+    interface_version = "1.0"  # the lmcache_core.interface version it implements
     # Counters of stores made from other threads (try_batched_put_threadsafe), under _lock.
     _thread_puts = 0
     _thread_put_bytes = 0

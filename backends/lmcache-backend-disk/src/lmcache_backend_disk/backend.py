@@ -70,6 +70,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
 
     Options = DiskOptions
     capabilities = Capabilities(persistent=True, shared=True, bounded=True, zero_copy=False)
+    interface_version = "1.0"  # the lmcache_core.interface version it implements
 
     def __init__(
         self, options: Any = None, *, namespace: Namespace | None = None, name: str | None = None
