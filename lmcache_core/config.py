@@ -941,6 +941,8 @@ def _table(cls: type[Any], prefix: str = "") -> str:
             default = str(o["default"]).lower()
         if o["name"] == "tiers":
             default = "one cpu tier"
+        elif o["name"] == "namespace" and not prefix:
+            kind = "dict or str"
         elif o["type"] == "dict" and default == "{}":
             default = "{}"
         cell = f"`{default}`" if default else ""
