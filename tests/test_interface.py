@@ -248,3 +248,17 @@ def test_no_capability_is_probed_by_name():
                 if m.group(1) in names:
                     found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert found == []
+
+
+def test_the_protocol_page_shows_the_module():
+    from lmcache_core.interface_docs import BEGIN, END, render_interface_block
+
+    page = ROOT / "docs" / "plugins" / "backend-protocol.md"
+    text = page.read_text(encoding="utf-8")
+    assert BEGIN in text and END in text
+    assert render_interface_block(text) == text, (
+        "docs/plugins/backend-protocol.md is stale: run "
+        "`python -m lmcache_core.interface_docs docs/plugins/backend-protocol.md`"
+    )
+    for proto in OPTIONAL_PROTOCOLS:
+        assert f"class {proto.__name__}(Protocol):" in text
