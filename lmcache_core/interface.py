@@ -397,6 +397,8 @@ REQUIRED_METHODS: tuple[str, ...] = tuple(_methods(StorageBackend))
 
 
 _METHOD_NAMES: dict[type[Any], tuple[str, ...]] = {}
+#: (class, protocol) pairs where the class itself defines every method of the protocol.
+_IMPLEMENTED_BY_CLASS: set[tuple[type[Any], Any]] = set()
 
 
 def _method_names(protocol: type[Any]) -> tuple[str, ...]:
@@ -418,8 +420,16 @@ def implements(obj: object, protocol: Callable[..., P]) -> TypeGuard[P]:
     (``protocol`` is typed as a callable so that mypy accepts a protocol class and
     narrows ``obj`` to it.)
     """
+    cls = type(obj)
+    if (cls, protocol) in _IMPLEMENTED_BY_CLASS:  # the common case, on hot paths
+        return True
     names = _method_names(protocol)  # type: ignore[arg-type]
-    return all(callable(getattr(obj, n, None)) for n in names)
+    for n in names:  # a loop: cheaper than all() over a generator
+        if not callable(getattr(obj, n, None)):
+            return False
+    if all(callable(inspect.getattr_static(cls, n, None)) for n in names):
+        _IMPLEMENTED_BY_CLASS.add((cls, protocol))
+    return True
 
 
 def _version(text: str) -> tuple[int, int] | None:

@@ -86,6 +86,19 @@ def test_implements_checks_instances_against_the_protocols():
         assert interface.missing_members(object(), proto), proto  # each declares methods
 
 
+def test_implements_sees_methods_set_on_an_instance():
+    class Bare:
+        pass
+
+    o = Bare()
+    assert not implements(o, ThreadSafeLoads)
+    o.try_batched_get_into_threadsafe = lambda keys, outs: None  # type: ignore[attr-defined]
+    assert implements(o, ThreadSafeLoads)
+    assert not implements(Bare(), ThreadSafeLoads)  # not remembered for the class
+    assert implements(CPUBackend({"max_bytes": "1MiB"}), ThreadSafeLoads)  # remembered
+    assert implements(CPUBackend({"max_bytes": "1MiB"}), ThreadSafeLoads)
+
+
 # ----------------------------------------------------------------- each diagnostic
 def test_a_missing_required_method_is_named():
     (problem, caps) = check_backend_class(object).problems
