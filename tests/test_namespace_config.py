@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent / "plugin_fixtures"))
 
 from test_cli_plugins import run
 
-from lmcache_core import TieredHierarchy, load_config
+from lmcache_core import TieredHierarchy, cli, load_config
 from lmcache_core.errors import ConfigError
 from lmcache_core.keys import CacheEngineKey, Namespace
 from lmcache_core.namespaces import (
@@ -132,25 +132,30 @@ def test_an_argument_fills_in_and_must_agree_with_the_configuration():
     )
 
 
-def test_config_check_warns_when_a_shared_tier_has_no_namespace(tmp_path):
+def test_config_check_warns_when_a_shared_tier_has_no_namespace(tmp_path, capsys):
     plain = tmp_path / "plain.yaml"
     plain.write_text(json.dumps({"tiers": disk_tiers(tmp_path)}))
-    res = run("config", "check", str(plain), "--table")
+    res = run("config", "check", str(plain), "--table")  # the real console script, once
     assert res.returncode == 0, res.stderr
+    assert "  namespace: default\n" in res.stdout
     assert (
         "  warning: namespace: not set, so the tiers use the namespace 'default'; a tier "
         "shared between models (disk (disk)) should name one, e.g. `namespace: {model: "
         "my-model, revision: abc123}` or `namespace: my-deployment` (the vLLM connector "
         "supplies its own)"
     ) in res.stdout
-    as_json = json.loads(run("config", "check", str(plain), "--json").stdout)
-    assert as_json["ok"] is True and len(as_json["warnings"]) == 1
+
+    def cli_out(*args: str) -> str:
+        assert cli.main(list(args)) == 0
+        return str(capsys.readouterr().out)
+
+    as_json = json.loads(cli_out("config", "check", str(plain), "--json"))
+    assert as_json["ok"] is True and as_json["namespace"] == "default"
+    assert as_json["warnings"] == namespace_warnings(load_config(plain))
     named = tmp_path / "named.yaml"
     named.write_text(json.dumps({"namespace": "team-a", "tiers": disk_tiers(tmp_path)}))
-    res = run("config", "check", str(named), "--table")
-    assert res.returncode == 0 and "warning" not in res.stdout
-    assert "namespace: team-a" in res.stdout
-    # a memory-only configuration needs no namespace
-    assert namespace_warnings(load_config(None)) == []
-    show = json.loads(run("config", "show", str(named), "--json").stdout)
+    text = cli_out("config", "check", str(named), "--table")
+    assert "  namespace: team-a\n" in text and "warning" not in text
+    assert namespace_warnings(load_config(None)) == []  # a memory-only tier needs no name
+    show = json.loads(cli_out("config", "show", str(named), "--json"))
     assert show["namespace"] == {"model": "", "revision": "", "layout": "", "name": "team-a"}
