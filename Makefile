@@ -9,7 +9,7 @@ STAGE  := tools/stage
 # template (backends/_template: its tests run with its src/ on the path).
 DISTS  := $(filter-out backends/_template,$(patsubst %/,%,$(sort $(dir $(wildcard backends/*/pyproject.toml plugins/*/pyproject.toml)))))
 
-.PHONY: venv demo test lint typecheck docs pytest bench bench-peer faults clean
+.PHONY: venv demo serve test lint typecheck docs pytest bench bench-peer faults clean
 
 venv: $(STAMP)
 
@@ -24,6 +24,12 @@ $(STAMP): pyproject.toml Makefile $(wildcard backends/*/pyproject.toml plugins/*
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
+
+# vLLM's OpenAI-compatible server with the connector on 127.0.0.1:8000 (docs/vllm.md),
+# the demo's local model and the embedded storage (cpu + disk in .serve/kv).
+# SERVE_ARGS passes more options, e.g. make serve SERVE_ARGS="--port 8001".
+serve: $(STAMP)
+	$(BIN)/python examples/serve.py $(SERVE_ARGS)
 
 lint: $(STAMP)
 	$(STAGE) ruff-check $(BIN)/ruff check .

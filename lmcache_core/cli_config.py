@@ -11,6 +11,10 @@ every default filled in and secrets redacted (YAML on a terminal, JSON when pipe
 ``--json``). ``schema`` prints the reference tables of every key (Markdown);
 ``--write-docs FILE`` refreshes them where FILE embeds them between
 ``<!-- lmcache-core:config-schema -->`` and ``<!-- /lmcache-core:config-schema -->``.
+``from-lmcache FILE`` prints the lmcache-core configuration equivalent to an LMCache
+configuration file (YAML, ready for ``config_file``; the vLLM connector options it implies
+in a comment at the top; ``--json`` for all of it as JSON); the LMCache settings it cannot
+honour are named in one warning on stderr.
 """
 
 from __future__ import annotations
@@ -75,6 +79,16 @@ def register(subparsers: Any) -> None:
         help=f"refresh the tables embedded in FILE between {SCHEMA_BEGIN} and {SCHEMA_END}",
     )
     sc.set_defaults(func=run_schema)
+
+    fl = actions.add_parser(
+        "from-lmcache",
+        help="print the lmcache-core equivalent of an LMCache config file",
+        description="Translate an LMCache configuration file (LMCACHE_CONFIG_FILE) into an "
+        "lmcache-core configuration (docs/vllm.md has the table of every key).",
+    )
+    fl.add_argument("file", metavar="FILE")
+    fl.add_argument("--json", action="store_true", help="storage, connector options and notes")
+    fl.set_defaults(func=run_from_lmcache)
 
     def usage(args: argparse.Namespace) -> int:
         p.print_help(sys.stderr)
@@ -187,3 +201,34 @@ def run_schema(args: argparse.Namespace) -> int:
         print(schema_markdown(), end="")
         return 0
     return rewrite_docs(args.write_docs, render_schema_block, (ValueError,))
+
+
+def run_from_lmcache(args: argparse.Namespace) -> int:
+    """Print the lmcache-core equivalent of the LMCache configuration ``args.file``."""
+    from .lmcache_compat import from_lmcache, read_lmcache_file
+
+    try:
+        tr = from_lmcache(read_lmcache_file(args.file))
+    except ConfigError as exc:
+        print(f"{args.file}: cannot translate: {exc}", file=sys.stderr)
+        return 1
+    warning = tr.warning()
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.json:
+        print_json(
+            {
+                "storage": tr.storage,
+                "connector": tr.connector,
+                "not_honoured": [{"key": k, "reason": why} for k, why in tr.not_honoured],
+            }
+        )
+        return 0
+    print(f"# lmcache-core configuration translated from the LMCache configuration {args.file}")
+    if tr.connector:
+        print(
+            "# vLLM connector options it implies (kv_connector_extra_config): "
+            + json.dumps(tr.connector, sort_keys=True)
+        )
+    print(yaml.safe_dump(tr.storage, sort_keys=False, default_flow_style=False).rstrip())
+    return 0

@@ -35,6 +35,7 @@ __all__ = [
     "CacheEngineKey",
     "Namespace",
     "check_key_size",
+    "dtype_name",
     "escape_part",
     "unescape_part",
 ]
@@ -100,6 +101,22 @@ def _check_text(value: Any, what: str) -> str:
     return value
 
 
+def dtype_name(dtype: Any) -> str:
+    """The key's ``dtype`` text: a string as given, a ``torch.dtype`` by its name.
+
+    LMCache code passes ``torch.dtype`` objects (``torch.bfloat16``); they become the
+    name torch prints without its ``torch.`` prefix (``"bfloat16"``; aliases such as
+    ``torch.half`` give their canonical name, ``"float16"``), so a key made from a dtype
+    equals the key made from its name. torch is not imported for this.
+    """
+    if isinstance(dtype, str):
+        return dtype
+    cls = type(dtype)
+    if cls.__module__ == "torch" and cls.__name__ == "dtype":
+        return str(dtype).removeprefix("torch.")
+    raise KeyFormatError(f"dtype must be a str or a torch.dtype, got {cls.__name__}")
+
+
 def _normalize_tags(
     tags: Mapping[str, str] | Iterable[tuple[str, str]] | None,
 ) -> tuple[tuple[str, str], ...]:
@@ -129,7 +146,8 @@ class CacheEngineKey(tuple):  # type: ignore[type-arg]
     request) but is excluded from ``==``, ``hash`` and the string form.
 
     ``chunk_hash`` is a non-negative int below ``2**256`` (bytes are accepted and read
-    big-endian). ``tags`` is a mapping or an iterable of ``(name, value)`` string pairs;
+    big-endian). ``dtype`` is a string or a ``torch.dtype`` (stored as its name, see
+    :func:`dtype_name`: ``torch.bfloat16`` and ``"bfloat16"`` make the same key). ``tags`` is a mapping or an iterable of ``(name, value)`` string pairs;
     it is stored sorted by name.
 
     Implementation note: a key is a tuple subclass ``(base, chunk_hash)``: the cheapest
@@ -145,12 +163,12 @@ class CacheEngineKey(tuple):  # type: ignore[type-arg]
         world_size: int,
         worker_id: int,
         chunk_hash: int | bytes,
-        dtype: str,
+        dtype: str | Any,
         tags: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
         request_configs: Mapping[str, Any] | None = None,
     ) -> CacheEngineKey:
         _check_text(model_name, "model_name")
-        _check_text(dtype, "dtype")
+        dtype = _check_text(dtype_name(dtype), "dtype")
         for name, v in (("world_size", world_size), ("worker_id", worker_id)):
             if not isinstance(v, int) or isinstance(v, bool):
                 raise KeyFormatError(f"{name} must be an int, got {type(v).__name__}")

@@ -43,7 +43,7 @@ import numpy as np
 from xxhash import xxh3_128_digest
 
 from .errors import TokenInputError, TokenTypeError
-from .keys import CacheEngineKey, Namespace
+from .keys import CacheEngineKey, Namespace, dtype_name
 
 _tuple_new = tuple.__new__
 
@@ -146,6 +146,9 @@ class ChunkedTokenDatabase:
         ``"xxh3_128"`` (default) or ``"sha256"``.
     hash_salt:
         optional secret (bytes or str); makes ``H`` a keyed BLAKE2b.
+    dtype:
+        the KV dtype in keys and the namespace: a string or a ``torch.dtype`` (as LMCache
+        code passes it; stored by name, ``torch.bfloat16`` -> ``"bfloat16"``).
     save_unfull_chunk:
         also emit the trailing chunk shorter than ``chunk_size``.
     """
@@ -158,7 +161,7 @@ class ChunkedTokenDatabase:
         model_name: str | None = None,
         world_size: int = 1,
         worker_id: int = 0,
-        dtype: str = "",
+        dtype: str | Any = "",
         tags: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
         hash_algorithm: str | None = None,
         hash_salt: bytes | str | None = None,
@@ -172,6 +175,7 @@ class ChunkedTokenDatabase:
             hash_algorithm = namespace.hash_algorithm if namespace is not None else "xxh3_128"
         if hash_algorithm not in HASH_ALGORITHMS:
             raise ValueError(f"hash_algorithm {hash_algorithm!r} is not one of {HASH_ALGORITHMS}")
+        dtype = dtype_name(dtype)  # LMCache code passes a torch.dtype
         salt = hash_salt.encode("utf-8") if isinstance(hash_salt, str) else hash_salt
         if salt is not None and len(salt) == 0:
             raise ValueError("hash_salt must not be empty (pass None for no salt)")

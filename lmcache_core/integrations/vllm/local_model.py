@@ -20,7 +20,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ModelSpec", "make_local_model", "vocabulary", "words_to_text"]
+__all__ = ["CHAT_TEMPLATE", "ModelSpec", "make_local_model", "vocabulary", "words_to_text"]
+
+#: Chat template written into ``tokenizer_config.json`` (chat completions need one). Each
+#: message is ``<role word> : <content>``; the role words are in every vocabulary.
+CHAT_TEMPLATE = (
+    "{% set names = {'system': 'system', 'user': 'question', 'assistant': 'answer'} %}"
+    "{% for m in messages %}{{ names.get(m['role'], m['role']) }} : {{ m['content'] }} "
+    "{% endfor %}{% if add_generation_prompt %}answer :{% endif %}"
+)
 
 _SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
 _SYLLABLES = [
@@ -124,6 +132,21 @@ def _save_tokenizer(path: Path, vocab_size: int) -> None:
         pad_token="<pad>",
     )
     fast.save_pretrained(str(path))
+    _write_chat_template(path)
+
+
+def _write_chat_template(path: Path) -> None:
+    """Put :data:`CHAT_TEMPLATE` into ``tokenizer_config.json`` (where every tokenizer
+    loader reads it) and drop a separate ``chat_template.jinja``, which would win."""
+    cfg_path = path / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    if cfg.get("chat_template") == CHAT_TEMPLATE and not (path / "chat_template.jinja").exists():
+        return
+    cfg["chat_template"] = CHAT_TEMPLATE
+    tmp = cfg_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(cfg, indent=2, sort_keys=True))
+    os.replace(tmp, cfg_path)
+    (path / "chat_template.jinja").unlink(missing_ok=True)
 
 
 def _build(spec: ModelSpec, path: Path) -> None:
@@ -178,6 +201,7 @@ def make_local_model(path: str | os.PathLike[str], spec: ModelSpec | None = None
     if marker.exists():
         try:
             if json.loads(marker.read_text()) == asdict(spec):
+                _write_chat_template(dest)  # directories made before it had one
                 return dest
         except ValueError:
             pass

@@ -7,6 +7,12 @@ YAML/JSON file under ``"config_file"``, plus the connector's own options (see
 
     {"config": {"chunk_size": 256, "tiers": [{"name": "cpu", "backend": "cpu"}]},
      "model_revision": "v1"}
+
+Users of LMCache's connector may give an LMCache configuration instead: a file under
+``"lmcache_config_file"`` (or, when no storage is given at all, the file named by
+``LMCACHE_CONFIG_FILE``), with ``"lmcache.<key>"`` entries and ``LMCACHE_<KEY>`` variables
+overriding it as in LMCache; :mod:`lmcache_core.lmcache_compat` translates it and the
+settings it cannot honour are named in one WARNING.
 """
 
 from __future__ import annotations
@@ -139,15 +145,63 @@ def _read_file(path: str) -> dict[str, Any]:
     return data
 
 
-def parse_settings(extra: Mapping[str, Any] | None) -> ConnectorSettings:
-    """Validate ``kv_connector_extra_config``; errors name the offending key."""
+def _from_lmcache(
+    extra: dict[str, Any], environ: Mapping[str, str]
+) -> tuple[dict[str, Any], str] | None:
+    """The storage translated from an LMCache configuration, when one is given (its
+    ``lmcache.*`` entries are taken out of ``extra``, its connector options put in)."""
+    from ...lmcache_compat import from_lmcache, read_lmcache_file
+
+    overrides = {
+        k[len("lmcache.") :]: extra.pop(k)
+        for k in list(extra)
+        if isinstance(k, str) and k.startswith("lmcache.")
+    }
+    path = extra.pop("lmcache_config_file", None)
+    if path is None and not overrides:
+        if "config" in extra or "config_file" in extra or "LMCACHE_CONFIG_FILE" not in environ:
+            return None
+        path = environ["LMCACHE_CONFIG_FILE"]
+        log.info("LMCacheCoreConnector: reading the LMCache configuration in %s", path)
+    if "config" in extra or "config_file" in extra:
+        raise ConfigError(
+            "give the storage once: 'config', 'config_file' or an LMCache configuration "
+            "('lmcache_config_file', 'lmcache.*' keys)",
+            "kv_connector_extra_config",
+        )
+    if path is not None and not isinstance(path, str):
+        raise ConfigError("must be a path string", "kv_connector_extra_config.lmcache_config_file")
+    doc = read_lmcache_file(path) if path else {}
+    try:
+        tr = from_lmcache(doc, overrides=overrides, environ=environ)
+    except ConfigError as exc:
+        raise ConfigError(exc.reason, f"LMCache configuration: {exc.path}") from exc
+    warning = tr.warning()
+    if warning:
+        log.warning("LMCacheCoreConnector: %s", warning)
+    for key, value in tr.connector.items():
+        extra.setdefault(key, value)
+    return tr.storage, f"LMCache configuration {path or '(lmcache.* keys)'}"
+
+
+def parse_settings(
+    extra: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
+) -> ConnectorSettings:
+    """Validate ``kv_connector_extra_config``; errors name the offending key.
+
+    ``environ`` (default ``os.environ``) is read for ``LMCACHE_CONFIG_FILE`` and
+    ``LMCACHE_<KEY>`` overrides, only when an LMCache configuration is in use.
+    """
     extra = dict(extra or {})
     has_cfg, has_file = "config" in extra, "config_file" in extra
     if has_cfg and has_file:
         raise ConfigError(
             "give either 'config' or 'config_file', not both", "kv_connector_extra_config"
         )
-    if has_cfg:
+    lmcache = _from_lmcache(extra, os.environ if environ is None else environ)
+    if lmcache is not None:
+        storage, source = lmcache
+    elif has_cfg:
         storage = extra.pop("config")
         if not isinstance(storage, dict):
             raise ConfigError(
