@@ -63,6 +63,7 @@ from .interface import (
     ThreadSafeLoads,
     ThreadSafePuts,
     implements,
+    pins_do_io,
 )
 from .keys import CacheEngineKey, Namespace
 from .memory import copy_into
@@ -740,9 +741,20 @@ class TieredHierarchy(BaseBackend):
             return None
         return [writer.has(k) for k in keys]
 
-    def _threadsafe_pins(self) -> bool:
-        """Whether every tier that pins does so safely from any thread."""
-        return all(not t.can_pin or implements(t.backend, ThreadSafeContains) for t in self.tiers)
+    def _threadsafe_pins(self, blocking: bool = True) -> bool:
+        """Whether every tier that pins does so safely from any thread (a backend with a
+        thread-safe lookup fast path has thread-safe ``pin``/``unpin`` too, as
+        :class:`~lmcache_core.interface.ThreadSafeContains` says); with ``blocking=False``,
+        also without I/O that may wait (a backend whose pins are index transactions
+        declares it: :func:`~lmcache_core.interface.pins_do_io`, as the disk backend)."""
+        return all(
+            not t.can_pin
+            or (
+                implements(t.backend, ThreadSafeContains)
+                and (blocking or not pins_do_io(t.backend))
+            )
+            for t in self.tiers
+        )
 
     def try_lookup_prefix_threadsafe(
         self, keys: Sequence[CacheEngineKey], lease_s: float | None = None
@@ -838,10 +850,14 @@ class TieredHierarchy(BaseBackend):
         except RuntimeError:  # the loop has stopped: close() ended (or will end) every lease
             pass
 
-    def try_release_threadsafe(self, keys: Sequence[CacheEngineKey]) -> int | None:
+    def try_release_threadsafe(
+        self, keys: Sequence[CacheEngineKey], blocking: bool = True
+    ) -> int | None:
         """:meth:`release` from the calling thread; ``None`` when a tier's pins are not
-        safe from a thread (or the hierarchy is not started): use the async path."""
-        if self._state != "started" or not self._threadsafe_pins():
+        safe from a thread (or the hierarchy is not started): use the async path. With
+        ``blocking=False`` also ``None`` when undoing a pin may wait for I/O (a caller
+        that must not stall, such as vLLM's engine thread, then releases on the loop)."""
+        if self._state != "started" or not self._threadsafe_pins(blocking):
             return None
         undo = self.leases.release(keys)
         self._unpin(undo)

@@ -60,6 +60,7 @@ __all__ = [
     "implements",
     "interface_version_problem",
     "missing_members",
+    "pins_do_io",
     "supported_interface_range",
 ]
 
@@ -283,7 +284,12 @@ class EvictionEvents(Protocol):
 
 @runtime_checkable
 class Pinning(Protocol):
-    """Optional: pins, so that a lease keeps a chunk from eviction until it is loaded."""
+    """Optional: pins, so that a lease keeps a chunk from eviction until it is loaded.
+
+    A backend whose ``pin``/``unpin`` do I/O that may wait (index transactions, as the
+    disk backend's) also sets the class attribute ``pins_do_io = True``
+    (:func:`pins_do_io`): callers that must not block then do not pin from their thread.
+    """
 
     def pin(self, key: CacheEngineKey) -> object | None:
         """Keep ``key``'s entry from eviction; a handle for :meth:`unpin`, ``None`` when
@@ -357,6 +363,12 @@ class VictimSelection(Protocol):
         backend's own order). It is called with the backend's lock held: it must be
         quick and must not call back into the backend."""
         ...
+
+
+def pins_do_io(backend: object) -> bool:
+    """Whether a :class:`Pinning` backend declares that its pins do I/O that may wait
+    (class attribute ``pins_do_io = True``; ``False`` when it declares nothing)."""
+    return bool(getattr(backend, "pins_do_io", False))
 
 
 #: Every optional capability, with the words ``backends`` shows for it.

@@ -72,6 +72,7 @@ def test_first_party_classes_pass_and_name_their_capabilities():
     s3 = check_backend_class(S3Backend)
     assert (s3.problems, s3.warnings) == ([], [])
     assert {"PrefixContains", "MaintainableBackend", "EntryChecks"} <= set(s3.optional)
+    assert interface.pins_do_io(DiskBackend) and not interface.pins_do_io(CPUBackend)
     hier = check_backend_class(TieredHierarchy)
     assert hier.problems == []
     assert {"PrefixLookups", "ThreadSafeLookups", "ThreadSafeLoads"} <= set(hier.optional)
@@ -247,7 +248,7 @@ def test_backends_warns_about_an_undeclared_interface_version(tmp_path):
 def test_no_capability_is_probed_by_name():
     """Every optional method is reached through interface.implements, never getattr/hasattr."""
     names = {m for p in OPTIONAL_PROTOCOLS for m in interface.missing_members(object(), p)}
-    names |= set(REQUIRED_METHODS) | {"capabilities"}
+    names |= set(REQUIRED_METHODS) | {"capabilities", "pins_do_io"}
     probe = re.compile(r"""\b(?:getattr|hasattr)\(\s*[^,()]+,\s*["'](\w+)["']""")
     found = []
     sources = [*ROOT.glob("lmcache_core/**/*.py"), *ROOT.glob("backends/*/src/**/*.py")]
