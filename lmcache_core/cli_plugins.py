@@ -21,7 +21,7 @@ from typing import Any
 
 from .cli import add_output_flags, format_table, print_json, rewrite_docs, wants_json
 from .errors import UnknownBackendError
-from .interface import INTERFACE_VERSION, supported_interface_range
+from .interface import INTERFACE_VERSION, RuntimeNote, implements, supported_interface_range
 from .plugins.backend_options import (
     describe_backend_options,
     options_markdown,
@@ -132,6 +132,7 @@ def _backend_entry(reg: BackendRegistry, spec: BackendSpec) -> dict[str, Any]:
         "capabilities": None,
         "interface": None,
         "options": [],
+        "runtime": None,
     }
     try:
         cls = spec.load()
@@ -146,10 +147,22 @@ def _backend_entry(reg: BackendRegistry, spec: BackendSpec) -> dict[str, Any]:
         if checked.problems:
             raise TypeError("; ".join(checked.problems))
         entry["options"] = describe_backend_options(cls)
+        entry["runtime"] = _runtime_note(cls)
     except Exception as exc:  # a broken backend is a row of the report, not a crash
         entry["status"] = "failed"
         entry["error"] = f"{type(exc).__name__}: {exc}"
     return entry
+
+
+def _runtime_note(cls: Any) -> str | None:
+    """What the backend would use in this process, when its class says (an optional
+    ``runtime_note()`` classmethod: the ``gds`` backend names its I/O path)."""
+    if not implements(cls, RuntimeNote):
+        return None
+    try:
+        return str(cls.runtime_note())
+    except Exception as exc:  # a probe that fails is a line of the report
+        return f"unknown ({type(exc).__name__}: {exc})"
 
 
 def backends_report(reg: BackendRegistry, names: list[str] | None = None) -> dict[str, Any]:
@@ -232,6 +245,8 @@ def _print_backends_table(report: dict[str, Any]) -> None:
             print(f"  optional protocols: {', '.join(iface['optional']) or 'none'}")
             for w in iface["warnings"]:
                 print(f"  warning: {w}")
+        if b.get("runtime"):
+            print(f"  runtime: {b['runtime']}")
         opt_rows = [
             [o["name"], o["type"], o["default_text"] or None, o["doc"]] for o in b["options"]
         ]

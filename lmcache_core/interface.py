@@ -49,6 +49,7 @@ __all__ = [
     "PrefixLookups",
     "ProgressCallback",
     "Reconcilable",
+    "RuntimeNote",
     "StorageBackend",
     "ThreadSafeContains",
     "ThreadSafeLoads",
@@ -365,6 +366,16 @@ class VictimSelection(Protocol):
         ...
 
 
+@runtime_checkable
+class RuntimeNote(Protocol):
+    """Optional: what the backend would use in this process (``backends`` shows it)."""
+
+    @classmethod
+    def runtime_note(cls) -> str:
+        """One line, such as the I/O path the ``gds`` backend would take here."""
+        ...
+
+
 def pins_do_io(backend: object) -> bool:
     """Whether a :class:`Pinning` backend declares that its pins do I/O that may wait
     (class attribute ``pins_do_io = True``; ``False`` when it declares nothing)."""
@@ -386,6 +397,7 @@ OPTIONAL_PROTOCOLS: dict[type[Any], str] = {
     EntryChecks: "entry checks",
     Reconcilable: "reconcile",
     VictimSelection: "victim selection",
+    RuntimeNote: "runtime note",
 }
 #: What an optional capability needs besides itself.
 _NEEDS: dict[type[Any], type[Any]] = {

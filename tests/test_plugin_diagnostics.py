@@ -129,8 +129,8 @@ def test_install_hints_name_only_distributions_that_exist():
         "  disk: pip install ./backends/lmcache-backend-disk (in an lmcache-core checkout)"
         in res.stdout
     )
-    assert "gds" not in res.stdout
-    unknown = run("backends", "gds", env={"LMCACHE_CORE_DISABLE_PLUGINS": "*"})
+    assert "redis" not in res.stdout
+    unknown = run("backends", "redis", env={"LMCACHE_CORE_DISABLE_PLUGINS": "*"})
     assert unknown.returncode == 1 and "pip install" not in unknown.stderr
 
 

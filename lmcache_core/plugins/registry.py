@@ -45,6 +45,7 @@ log = logging.getLogger("lmcache_core.plugins")
 KNOWN_BACKENDS: dict[str, str] = {
     "cpu": "lmcache-core",
     "disk": "lmcache-backend-disk",
+    "gds": "lmcache-backend-gds",
     "s3": "lmcache-backend-s3",
 }
 #: URL schemes of first-party backends and the backend name that handles each.
