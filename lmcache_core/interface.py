@@ -411,9 +411,12 @@ _NEEDS: dict[type[Any], type[Any]] = {
 # ---------------------------------------------------------------------------- checks
 def _methods(protocol: type[Any]) -> dict[str, Any]:
     """The methods ``protocol`` declares (name -> function), in declaration order."""
-    return {
-        n: v for n, v in vars(protocol).items() if not n.startswith("_") and inspect.isfunction(v)
-    }
+    out = {}
+    for n, v in vars(protocol).items():
+        fn = v.__func__ if isinstance(v, (classmethod, staticmethod)) else v
+        if not n.startswith("_") and inspect.isfunction(fn):
+            out[n] = fn
+    return out
 
 
 #: Methods every backend class has (those of :class:`StorageBackend`).
