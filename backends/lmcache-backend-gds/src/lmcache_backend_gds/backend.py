@@ -50,6 +50,7 @@ class GdsBackend(BaseBackend):
     """NVMe tier through GPUDirect Storage, with a POSIX ``O_DIRECT`` fallback."""
 
     Options = GdsOptions
+    interface_version = "1.0"  # the lmcache_core.interface version it implements
     capabilities = Capabilities(persistent=True, shared=True, bounded=True, zero_copy=False)
 
     def __init__(

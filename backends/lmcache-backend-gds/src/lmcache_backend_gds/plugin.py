@@ -16,5 +16,5 @@ def lmcache_register_backends(registry: BackendRegistry) -> None:
     registry.add(
         "lmcache_backend_gds.backend:GdsBackend",
         name="gds",
-        install_hint="pip install lmcache-backend-gds",
+        install_hint="pip install ./backends/lmcache-backend-gds (in an lmcache-core checkout)",
     )

@@ -163,7 +163,7 @@ def probe(directory: str | None, *, force_posix: bool = False) -> IoPath:
     except ImportError as exc:
         return IoPath(
             POSIX,
-            f"kvikio is not installed ({exc}); pip install 'lmcache-backend-gds[kvikio]'",
+            f"kvikio is not installed ({exc}); pip install './backends/lmcache-backend-gds[kvikio]' (in an lmcache-core checkout)",
             None,
             cuda,
         )
