@@ -40,7 +40,9 @@ def _kvikio_works() -> bool:
 @pytest.fixture(params=["kvikio", "posix"])
 def backend_opts(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, object]:
     if request.param == "kvikio" and not _kvikio_works():
-        pytest.skip("kvikio is not installed: pip install './backends/lmcache-backend-gds[kvikio]' (in an lmcache-core checkout)")
+        pytest.skip(
+            "kvikio is not installed: pip install './backends/lmcache-backend-gds[kvikio]' (in an lmcache-core checkout)"
+        )
     return {
         "path": str(tmp_path / "tier"),
         "max_bytes": "1GiB",
