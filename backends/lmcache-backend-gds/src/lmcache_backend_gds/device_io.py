@@ -57,20 +57,12 @@ class DeviceObjectIO(ObjectIO):
         value = value.contiguous()
         n = value.numel() * value.element_size()
         header = template.with_digits(_host_digest(value))
-        fd, new_dirs = self._create(tmp_rel)
-        try:
+
+        def fill(fd: int) -> int:
             self._write_device(fd, header, value, n)
-            if self.durable:
-                os.fdatasync(fd)
-        except BaseException:
-            os.close(fd)
-            try:
-                self.tier.unlink(tmp_rel)
-            except OSError:
-                pass
-            raise
-        os.close(fd)
-        return len(header) + n, new_dirs
+            return len(header) + n
+
+        return self.write_new_file(tmp_rel, fill)
 
     def _write_device(self, fd: int, header: bytes, value: torch.Tensor, n: int) -> None:
         hlen = len(header)
