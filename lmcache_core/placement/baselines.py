@@ -8,7 +8,7 @@ chunks, so ARC and S3-FIFO take the tier's capacity in chunks.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from collections.abc import Set as AbstractSet
 
 from .base import ChunkInfo
@@ -16,9 +16,7 @@ from .base import ChunkInfo
 __all__ = ["ARCPolicy", "LRUPolicy", "S3FIFOPolicy"]
 
 
-def _first_not_in(
-    queue: OrderedDict[Hashable, object], exclude: AbstractSet[Hashable]
-) -> Hashable | None:
+def _first_not_in(queue: Iterable[Hashable], exclude: AbstractSet[Hashable]) -> Hashable | None:
     for key in queue:
         if key not in exclude:
             return key

@@ -134,7 +134,7 @@ class CostAwarePolicy:
         if self._adapt and not hit and self._ghost:
             count = self._ghost.pop(key, None)
             if count is not None:
-                self._set_half_life(self.half_life * (0.95 if count <= 1 else 1.05))
+                self._set_half_life(self.half_life * (0.95 if count <= 2 else 1.05))
         h = self._hist.get(key)
         if h is None:
             h = self._hist[key] = _History()

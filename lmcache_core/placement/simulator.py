@@ -93,13 +93,18 @@ def chunk_chain(req: Request, kv_bytes_per_token: int) -> list[tuple[Hashable, C
     return out
 
 
-def working_set_bytes(trace: Sequence[Request], kv_bytes_per_token: int) -> int:
-    """Bytes of every distinct chunk the trace touches."""
-    seen: dict[Hashable, int] = {}
+def working_set_bytes(
+    trace: Sequence[Request], kv_bytes_per_token: int, min_uses: int = 2
+) -> int:
+    """Bytes of the distinct chunks the trace requests at least ``min_uses`` times (the
+    default, 2, leaves out chunks no cache could ever serve; 1 counts every chunk)."""
+    uses: dict[Hashable, int] = {}
+    size: dict[Hashable, int] = {}
     for r in trace:
         for key, info in chunk_chain(r, kv_bytes_per_token):
-            seen[key] = info.nbytes
-    return sum(seen.values())
+            uses[key] = uses.get(key, 0) + 1
+            size[key] = info.nbytes
+    return sum(size[k] for k, n in uses.items() if n >= min_uses)
 
 
 class SimTier:
