@@ -93,9 +93,7 @@ def chunk_chain(req: Request, kv_bytes_per_token: int) -> list[tuple[Hashable, C
     return out
 
 
-def working_set_bytes(
-    trace: Sequence[Request], kv_bytes_per_token: int, min_uses: int = 2
-) -> int:
+def working_set_bytes(trace: Sequence[Request], kv_bytes_per_token: int, min_uses: int = 2) -> int:
     """Bytes of the distinct chunks the trace requests at least ``min_uses`` times (the
     default, 2, leaves out chunks no cache could ever serve; 1 counts every chunk)."""
     uses: dict[Hashable, int] = {}
