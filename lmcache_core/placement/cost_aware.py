@@ -20,9 +20,10 @@ A resident chunk's value per byte is::
   a chain's first chunk) and, when the tier is full, its value beats the chunk it would
   displace (TinyLFU-style), so one-off scans do not flush reused prefixes.
 
-Victims come from a heap with lazy invalidation: an entry whose version is stale, whose
-key left, or whose key has resident children is dropped when it surfaces; a key is
-pushed again when its last resident child leaves or its value changes.
+Victims come from a heap with lazy re-valuation: values in growth units only rise with
+accesses, so an access costs no heap work; an entry that surfaces with an out-of-date
+weight is valued again and pushed back, one whose key left or has resident children is
+dropped (a key is pushed again when its last resident child leaves).
 """
 
 from __future__ import annotations
@@ -101,19 +102,17 @@ class CostAwarePolicy:
         self._resident: dict[Hashable, ChunkInfo] = {}
         self._used = 0
         self._res_children: dict[Hashable, int] = {}
-        self._version: dict[Hashable, int] = {}
-        self._heap: list[tuple[float, int, Hashable]] = []
+        self._rate: dict[Hashable, float] = {}  # net prefill seconds saved per byte
+        self._rates_by_shape: dict[tuple[int, int, int], float] = {}
+        self._heap: list[tuple[float, int, Hashable, float]] = []
         self._seq = 0
 
     # ------------------------------------------------------------------ valuation
-    def _weight(self, key: Hashable) -> float:
-        h = self._hist.get(key)
-        return h.weight if h is not None else 0.0
-
     def expected_hits(self, key: Hashable, info: ChunkInfo) -> float:
         """Own decayed access weight, or the parent's share when that is larger (in
         units of the current access weight: 1.0 = one access just now)."""
-        own = self._weight(key)
+        h = self._hist.get(key)
+        own = h.weight if h is not None else 0.0
         if info.parent is not None:
             ph = self._hist.get(info.parent)
             if ph is not None and ph.children > 0:
@@ -122,9 +121,10 @@ class CostAwarePolicy:
 
     def value(self, key: Hashable, info: ChunkInfo) -> float:
         """Expected prefill seconds saved per byte, net of load time (decayed units)."""
-        saved = self.cost.chunk_seconds(info.start_token, info.tokens)
-        net = saved - (info.nbytes / self.bandwidth + self.latency_s)
-        return max(net, 0.0) * self.expected_hits(key, info) / max(info.nbytes, 1)
+        rate = self._rate.get(key)
+        if rate is None:
+            rate = self._net_rate(info)
+        return rate * self.expected_hits(key, info)
 
     # ------------------------------------------------------------------ interface
     def record_access(self, key: Hashable, info: ChunkInfo, hit: bool) -> None:
@@ -148,8 +148,6 @@ class CostAwarePolicy:
             self._hist.move_to_end(key)
         h.weight += self._growth
         h.count += 1
-        if key in self._resident:
-            self._push(key)
 
     def admit(self, key: Hashable, info: ChunkInfo) -> bool:
         if info.parent is not None and info.parent not in self._resident:
@@ -159,7 +157,9 @@ class CostAwarePolicy:
         victim = self.victim(frozenset({info.parent}) if info.parent is not None else frozenset())
         if victim is None:
             return False
-        if self.value(key, info) > self.value(victim, self._resident[victim]):
+        if self.value(key, info) > self._rate[victim] * self.expected_hits(
+            victim, self._resident[victim]
+        ):
             return True
         self._remember_ghost(key)
         return False
@@ -168,6 +168,7 @@ class CostAwarePolicy:
         if key in self._resident:
             return
         self._resident[key] = info
+        self._rate[key] = self._net_rate(info)
         self._used += info.nbytes
         if info.parent is not None:
             self._res_children[info.parent] = self._res_children.get(info.parent, 0) + 1
@@ -178,7 +179,7 @@ class CostAwarePolicy:
         if info is None:
             return
         self._used -= info.nbytes
-        self._version.pop(key, None)
+        del self._rate[key]
         self._remember_ghost(key)
         parent = info.parent
         if parent is not None and parent in self._res_children:
@@ -192,17 +193,19 @@ class CostAwarePolicy:
 
     def victim(self, exclude: AbstractSet[Hashable] = frozenset()) -> Hashable | None:
         heap = self._heap
-        aside: list[tuple[float, int, Hashable]] = []
+        aside: list[tuple[float, int, Hashable, float]] = []
         found: Hashable | None = None
+        hist = self._hist
         while heap:
             entry = heap[0]
             key = entry[2]
-            if (
-                key not in self._resident
-                or self._version.get(key) != entry[1]
-                or key in self._res_children
-            ):
-                heapq.heappop(heap)  # stale, gone, or not a leaf (pushed again later)
+            if key not in self._rate or key in self._res_children:
+                heapq.heappop(heap)  # gone, or not a leaf (pushed again when it is)
+                continue
+            h = hist.get(key)
+            if h is not None and h.weight != entry[3]:
+                heapq.heappop(heap)  # accessed since it was pushed: value it again
+                self._push(key)
                 continue
             if key in exclude:
                 aside.append(heapq.heappop(heap))
@@ -218,11 +221,33 @@ class CostAwarePolicy:
         return self._resident.get(key)
 
     # ------------------------------------------------------------------ internals
+    def _net_rate(self, info: ChunkInfo) -> float:
+        shape = (info.start_token, info.tokens, info.nbytes)
+        rate = self._rates_by_shape.get(shape)
+        if rate is None:
+            saved = self.cost.chunk_seconds(info.start_token, info.tokens)
+            net = saved - (info.nbytes / self.bandwidth + self.latency_s)
+            rate = self._rates_by_shape[shape] = max(net, 0.0) / max(info.nbytes, 1)
+            if len(self._rates_by_shape) > 1 << 16:
+                self._rates_by_shape.clear()
+        return rate
+
+    def _score(self, key: Hashable) -> tuple[float, float]:
+        """(value in growth units, which do not decay; the key's weight now)."""
+        info = self._resident[key]
+        h = self._hist.get(key)
+        own = h.weight if h is not None else 0.0
+        hits = own
+        if info.parent is not None:
+            ph = self._hist.get(info.parent)
+            if ph is not None and ph.children > 0:
+                hits = max(hits, ph.weight / ph.children)
+        return self._rate[key] * hits, own
+
     def _push(self, key: Hashable) -> None:
         self._seq += 1
-        self._version[key] = self._seq
-        v = self.value(key, self._resident[key]) * self._growth  # growth units: stable
-        heapq.heappush(self._heap, (v, self._seq, key))
+        v, w = self._score(key)
+        heapq.heappush(self._heap, (v, self._seq, key, w))
         if len(self._heap) > 4 * len(self._resident) + 1024:
             self._rebuild()
 
@@ -231,9 +256,8 @@ class CostAwarePolicy:
         for key in self._resident:
             if key not in self._res_children:
                 self._seq += 1
-                self._version[key] = self._seq
-                v = self.value(key, self._resident[key]) * self._growth
-                self._heap.append((v, self._seq, key))
+                v, w = self._score(key)
+                self._heap.append((v, self._seq, key, w))
         heapq.heapify(self._heap)
 
     def _set_half_life(self, half_life: float) -> None:
