@@ -6,10 +6,11 @@ A resident chunk's value per byte is::
 
 * ``expected_hits`` is learned online. Every access adds a weight that grows by 2 every
   ``half_life`` accesses (so older accesses count exponentially less, with no per-key
-  decay work); a chunk's own history is blended with its prefix's: a chunk first seen
-  after a parent that has been followed by ``F`` distinct children inherits ``1/F`` of
-  the parent's weight (a system prompt followed by unique questions gives its children
-  little; a document's next chunk inherits nearly all).
+  decay work); a chunk's own history counts once it has been reused (``min_reuse``),
+  and is blended with its prefix's: a chunk after a parent that has been followed by
+  ``F`` distinct children is worth at least ``1/F`` of the parent's weight (a system
+  prompt followed by unique questions gives its children little; a document's next
+  chunk inherits nearly all).
 * ``prefill_seconds`` comes from :class:`~lmcache_core.placement.cost.PrefillCost` at the
   chunk's position (later chunks cost more to recompute); ``load_seconds`` is the chunk's
   size over the tier's bandwidth plus its latency.
@@ -62,8 +63,10 @@ class CostAwarePolicy:
     accesses per chunk of capacity); with ``adapt`` it then moves between 1/8 and 8 times
     that start, ARC-style: a miss on a key this policy recently evicted or refused after
     one access shortens it (recency was under-valued), one on a key seen more often
-    lengthens it (frequency was under-valued). ``history``: keys remembered beyond the
-    resident ones (their weight and fan-out).
+    lengthens it (frequency was under-valued). ``min_reuse``: accesses before a chunk's
+    own history counts (default 2: the access that brings a chunk in is no evidence it
+    will be reused; until then only its prefix's share counts). ``history``: keys
+    remembered beyond the resident ones (their weight and fan-out).
     """
 
     name = "cost"
@@ -78,6 +81,7 @@ class CostAwarePolicy:
         history: int = 1 << 18,
         chunk_bytes_hint: int = 0,
         adapt: bool = True,
+        min_reuse: int = 2,
     ) -> None:
         if capacity_bytes < 0 or bandwidth <= 0:
             raise ValueError("capacity_bytes must be >= 0 and bandwidth > 0")
@@ -91,6 +95,7 @@ class CostAwarePolicy:
         if half_life <= 0:
             raise ValueError(f"half_life must be > 0, got {half_life}")
         self.half_life = half_life
+        self.min_reuse = min_reuse
         self._half_bounds = (half_life / 8.0, half_life * 8.0)
         self._adapt = adapt
         self._step = math.exp(math.log(2.0) / half_life)
@@ -112,7 +117,7 @@ class CostAwarePolicy:
         """Own decayed access weight, or the parent's share when that is larger (in
         units of the current access weight: 1.0 = one access just now)."""
         h = self._hist.get(key)
-        own = h.weight if h is not None else 0.0
+        own = h.weight if h is not None and h.count >= self.min_reuse else 0.0
         if info.parent is not None:
             ph = self._hist.get(info.parent)
             if ph is not None and ph.children > 0:
@@ -237,7 +242,7 @@ class CostAwarePolicy:
         info = self._resident[key]
         h = self._hist.get(key)
         own = h.weight if h is not None else 0.0
-        hits = own
+        hits = own if h is not None and h.count >= self.min_reuse else 0.0
         if info.parent is not None:
             ph = self._hist.get(info.parent)
             if ph is not None and ph.children > 0:
