@@ -159,10 +159,12 @@ class CostAwarePolicy:
             return False  # unreachable behind a missing parent
         if self._used + info.nbytes <= self.capacity_bytes:
             return True
-        top = self._peek(frozenset({info.parent}) if info.parent is not None else frozenset())
-        if top is None:
+        victim = self.victim(frozenset({info.parent}) if info.parent is not None else frozenset())
+        if victim is None:
             return False
-        if self.value(key, info) * self._growth > top[1]:  # both in growth units
+        if self.value(key, info) > self._rate[victim] * self.expected_hits(
+            victim, self._resident[victim]
+        ):
             return True
         self._remember_ghost(key)
         return False
@@ -195,14 +197,9 @@ class CostAwarePolicy:
                 self._res_children[parent] = n
 
     def victim(self, exclude: AbstractSet[Hashable] = frozenset()) -> Hashable | None:
-        top = self._peek(exclude)
-        return None if top is None else top[0]
-
-    def _peek(self, exclude: AbstractSet[Hashable]) -> tuple[Hashable, float] | None:
-        """The next victim and its value in growth units (``None``: no candidate)."""
         heap = self._heap
         aside: list[tuple[float, int, Hashable, float]] = []
-        found: tuple[Hashable, float] | None = None
+        found: Hashable | None = None
         hist = self._hist
         while heap:
             entry = heap[0]
@@ -218,7 +215,7 @@ class CostAwarePolicy:
             if key in exclude:
                 aside.append(heapq.heappop(heap))
                 continue
-            found = (key, entry[0])
+            found = key
             break
         for entry in aside:
             heapq.heappush(heap, entry)
