@@ -182,3 +182,31 @@ def test_bad_parameters_are_refused() -> None:
         CostAwarePolicy(MB, bandwidth=0)
     with pytest.raises(ValueError):
         CostAwarePolicy(MB, half_life=-1)
+
+
+def test_cost_aware_own_history_counts_from_the_first_reuse() -> None:
+    p = CostAwarePolicy(100 * MB, adapt=False, half_life=1e9)
+    alone = info(None, 0)
+    p.record_access("k", alone, hit=False)
+    assert p.expected_hits("k", alone) == 0.0  # seen once: no evidence of reuse yet
+    p.record_access("k", alone, hit=False)
+    assert p.expected_hits("k", alone) == pytest.approx(2.0, rel=1e-6)
+    eager = CostAwarePolicy(100 * MB, adapt=False, half_life=1e9, min_reuse=1)
+    eager.record_access("k", alone, hit=False)
+    assert eager.expected_hits("k", alone) == pytest.approx(1.0, rel=1e-6)
+
+
+def test_cost_aware_half_life_adapts_on_ghost_hits() -> None:
+    p = CostAwarePolicy(4 * MB, half_life=100.0)
+    once = info(None, 0)
+    p.record_access("a", once, hit=False)
+    p.inserted("a", once)
+    p.removed("a")  # evicted after one access: a ghost
+    p.record_access("a", once, hit=False)  # back: recency was under-valued
+    assert p.half_life == pytest.approx(95.0)
+    for _ in range(3):
+        p.record_access("b", once, hit=False)
+    p.inserted("b", once)
+    p.removed("b")
+    p.record_access("b", once, hit=False)  # back after 3 accesses: frequency was
+    assert p.half_life == pytest.approx(95.0 * 1.05)
