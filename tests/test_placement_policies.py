@@ -210,3 +210,21 @@ def test_cost_aware_half_life_adapts_on_ghost_hits() -> None:
     p.removed("b")
     p.record_access("b", once, hit=False)  # back after 3 accesses: frequency was
     assert p.half_life == pytest.approx(95.0 * 1.05)
+
+
+def test_cost_aware_victims_stay_right_across_heap_rebuilds() -> None:
+    # Touching the current victim each round re-values it lazily: the heap grows until
+    # it is rebuilt; the victim must stay the least valuable resident leaf throughout.
+    p = CostAwarePolicy(64 * MB, adapt=False, half_life=1e9, min_reuse=1)
+    infos = {f"k{i}": info(None, 0) for i in range(20)}
+    for k, i in infos.items():
+        p.inserted(k, i)
+    for _ in range(3000):
+        v = p.victim()
+        assert v is not None
+        cheapest = min(p.value(k, i) for k, i in infos.items())
+        assert p.value(v, infos[v]) == pytest.approx(cheapest)
+        other = p.victim({v})
+        assert other is not None and other != v
+        p.record_access(v, infos[v], hit=True)
+    assert len(p._heap) <= 4 * 20 + 1024 + 1  # rebuilt on the way

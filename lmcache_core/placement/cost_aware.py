@@ -211,6 +211,7 @@ class CostAwarePolicy:
             if h is not None and h.weight != entry[3]:
                 heapq.heappop(heap)  # accessed since it was pushed: value it again
                 self._push(key)
+                heap = self._heap  # a push may have rebuilt the heap
                 continue
             if key in exclude:
                 aside.append(heapq.heappop(heap))
@@ -218,7 +219,7 @@ class CostAwarePolicy:
             found = key
             break
         for entry in aside:
-            heapq.heappush(heap, entry)
+            heapq.heappush(self._heap, entry)
         return found
 
     def info_of(self, key: Hashable) -> ChunkInfo | None:
