@@ -81,8 +81,10 @@ class ModelSpec:
     dtype: str = "float32"
     seed: int = 0
     head_scale: float = 12.0
-    architecture: str = "llama"  # llama, qwen2 or mistral
-    sliding_window: int | None = None  # mistral only
+    #: llama, qwen2, mistral, gemma2 (interleaved sliding/full attention), jamba (Mamba
+    #: layers with attention every other layer) or deepseek_v2 (MLA attention)
+    architecture: str = "llama"
+    sliding_window: int | None = None  # mistral and gemma2
 
 
 def vocabulary(size: int) -> list[str]:
@@ -149,6 +151,66 @@ def _write_chat_template(path: Path) -> None:
     (path / "chat_template.jinja").unlink(missing_ok=True)
 
 
+def _gemma2(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
+    """Gemma-2 style: sliding-window and full attention layers alternate. The output head
+    is the (tied) embedding; logit soft-capping is off so the scaled head separates the
+    top-1 token."""
+    cfg = tf.Gemma2Config(
+        **{**common, "tie_word_embeddings": True},
+        head_dim=spec.hidden_size // spec.num_attention_heads,
+        sliding_window=spec.sliding_window or 64,
+        layer_types=[
+            "sliding_attention" if i % 2 == 0 else "full_attention"
+            for i in range(spec.num_hidden_layers)
+        ],
+        final_logit_softcapping=None,
+        attn_logit_softcapping=None,
+        query_pre_attn_scalar=spec.hidden_size // spec.num_attention_heads,
+    )
+    return tf.Gemma2ForCausalLM(cfg)
+
+
+def _jamba(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
+    """Jamba style hybrid: Mamba (SSM) layers, attention every other layer, dense MLPs."""
+    cfg = tf.JambaConfig(
+        **common,
+        num_experts=1,
+        num_experts_per_tok=1,
+        expert_layer_period=1,
+        expert_layer_offset=0,
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        mamba_d_state=16,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_dt_rank=16,
+    )
+    return tf.JambaForCausalLM(cfg)
+
+
+def _deepseek_v2(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
+    """DeepSeek-V2 style: multi-head latent attention (one compressed KV per token shared
+    by every head), dense MLPs only (no routed experts)."""
+    cfg = tf.DeepseekV2Config(
+        **common,
+        kv_lora_rank=64,
+        q_lora_rank=None,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        first_k_dense_replace=spec.num_hidden_layers,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        moe_intermediate_size=64,
+        rope_scaling=None,
+    )
+    return tf.DeepseekV2ForCausalLM(cfg)
+
+
+_FAMILIES = {"gemma2": _gemma2, "jamba": _jamba, "deepseek_v2": _deepseek_v2}
+
+
 def _build(spec: ModelSpec, path: Path) -> None:
     import torch
 
@@ -169,7 +231,9 @@ def _build(spec: ModelSpec, path: Path) -> None:
     )
     torch.manual_seed(spec.seed)
     model: Any
-    if spec.architecture == "qwen2":
+    if spec.architecture in _FAMILIES:
+        model = _FAMILIES[spec.architecture](tf, spec, common)
+    elif spec.architecture == "qwen2":
         model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**common))
     elif spec.architecture == "mistral":
         model = tf.MistralForCausalLM(
@@ -178,10 +242,13 @@ def _build(spec: ModelSpec, path: Path) -> None:
     elif spec.architecture == "llama":
         model = tf.LlamaForCausalLM(tf.LlamaConfig(**common))
     else:
-        raise ValueError(f"unknown architecture {spec.architecture!r} (llama, qwen2 or mistral)")
+        raise ValueError(
+            f"unknown architecture {spec.architecture!r} "
+            f"(llama, qwen2, mistral, {', '.join(sorted(_FAMILIES))})"
+        )
     with torch.no_grad():
         # Random init gives nearly flat logits; a larger head separates the top-1 token.
-        model.lm_head.weight.mul_(spec.head_scale)
+        model.get_output_embeddings().weight.mul_(spec.head_scale)
     model = model.to(getattr(torch, spec.dtype))
     model.config.dtype = spec.dtype
     model.save_pretrained(str(path), safe_serialization=True)
