@@ -151,12 +151,24 @@ def _write_chat_template(path: Path) -> None:
     (path / "chat_template.jinja").unlink(missing_ok=True)
 
 
+def _scale_head(model: Any, spec: ModelSpec, factor: float = 1.0) -> Any:
+    """Random init gives nearly flat logits; a larger head separates the top-1 token."""
+    import torch
+
+    with torch.no_grad():
+        model.lm_head.weight.mul_(spec.head_scale * factor)
+    return model
+
+
 def _gemma2(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
     """Gemma-2 style: sliding-window and full attention layers alternate. The output head
     is the (tied) embedding; logit soft-capping is off so the scaled head separates the
     top-1 token."""
     cfg = tf.Gemma2Config(
         **{**common, "tie_word_embeddings": True},
+        # larger weights than the default 0.02: the output head is the input embedding,
+        # and with small layers every prediction would repeat the last token
+        initializer_range=0.2,
         head_dim=spec.hidden_size // spec.num_attention_heads,
         sliding_window=spec.sliding_window or 64,
         layer_types=[
@@ -167,7 +179,15 @@ def _gemma2(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
         attn_logit_softcapping=None,
         query_pre_attn_scalar=spec.hidden_size // spec.num_attention_heads,
     )
-    return tf.Gemma2ForCausalLM(cfg)
+    import torch
+
+    model = tf.Gemma2ForCausalLM(cfg)
+    with torch.no_grad():
+        # Small input embeddings against larger layers, and a large final norm instead
+        # of a larger head (the head is the embedding): clear, context-dependent winners.
+        model.model.embed_tokens.weight.mul_(0.05)
+        model.model.norm.weight.fill_(spec.head_scale * 5 - 1)  # Gemma's norm scales by 1 + w
+    return model
 
 
 def _jamba(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
@@ -185,14 +205,14 @@ def _jamba(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
         mamba_expand=2,
         mamba_dt_rank=16,
     )
-    return tf.JambaForCausalLM(cfg)
+    return _scale_head(tf.JambaForCausalLM(cfg), spec, factor=4.0)
 
 
 def _deepseek_v2(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
     """DeepSeek-V2 style: multi-head latent attention (one compressed KV per token shared
     by every head), dense MLPs only (no routed experts)."""
     cfg = tf.DeepseekV2Config(
-        **common,
+        **{**common, "num_key_value_heads": spec.num_attention_heads},
         kv_lora_rank=64,
         q_lora_rank=None,
         qk_rope_head_dim=16,
@@ -205,7 +225,7 @@ def _deepseek_v2(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
         moe_intermediate_size=64,
         rope_scaling=None,
     )
-    return tf.DeepseekV2ForCausalLM(cfg)
+    return _scale_head(tf.DeepseekV2ForCausalLM(cfg), spec)
 
 
 _FAMILIES = {"gemma2": _gemma2, "jamba": _jamba, "deepseek_v2": _deepseek_v2}
@@ -246,9 +266,8 @@ def _build(spec: ModelSpec, path: Path) -> None:
             f"unknown architecture {spec.architecture!r} "
             f"(llama, qwen2, mistral, {', '.join(sorted(_FAMILIES))})"
         )
-    with torch.no_grad():
-        # Random init gives nearly flat logits; a larger head separates the top-1 token.
-        model.get_output_embeddings().weight.mul_(spec.head_scale)
+    if spec.architecture not in _FAMILIES:
+        model = _scale_head(model, spec)
     model = model.to(getattr(torch, spec.dtype))
     model.config.dtype = spec.dtype
     model.save_pretrained(str(path), safe_serialization=True)
