@@ -7,7 +7,9 @@ random-weight float32 models made locally (``local_model``), one engine process 
 * ``gemma_full``: the same model with HMA off (vLLM keeps every token's KV): hits;
 * ``jamba``: a Mamba/attention hybrid (SSM state is not restorable): runs with the
   connector configured (HMA stays on), no hits and one INFO line;
-* ``mla``: DeepSeek-V2 style multi-head latent attention at TP=1: hits.
+* ``mla``: DeepSeek-V2 style multi-head latent attention at TP=1: hits;
+* ``mla_tp2``: the same at TP=2, where both ranks hold identical KV
+  (``kv_tp_replicas`` = 2): hits, and the shared disk tier holds one copy per chunk.
 
 Every engine's first run of the prompts is compared with the model computed without vLLM
 (``transformers``, greedy, float32): same tokens. Its second run (hits, or 0 hits with the
@@ -60,7 +62,7 @@ def _model(root: Path, architecture: str) -> tuple[Path, list[list[int]]]:
         root / architecture, ModelSpec(architecture=architecture, num_hidden_layers=4)
     )
     ref = _reference(path, c.MAX_TOKENS)
-    for toks, margin in ref:
+    for _toks, margin in ref:
         assert margin > c.MARGIN, f"{architecture}: top-1 margin {margin} too small"
     return path, [toks for toks, _ in ref]
 
@@ -161,10 +163,21 @@ def jamba(workdir: Path) -> tuple[EngineRun, list[list[int]]]:
 
 
 @pytest.fixture(scope="module")
-def mla(workdir: Path) -> tuple[EngineRun, list[list[int]]]:
-    model, ref = _model(workdir / "models", "deepseek_v2")
+def deepseek(workdir: Path) -> tuple[Path, list[list[int]]]:
+    return _model(workdir / "models", "deepseek_v2")
+
+
+@pytest.fixture(scope="module")
+def mla(deepseek: tuple[Path, list[list[int]]]) -> tuple[EngineRun, list[list[int]]]:
+    model, ref = deepseek
     # vLLM's CPU MLA kernel needs 16-token blocks (it overrides any other block size).
-    return _run(workdir, "mla", model, block=16), ref
+    return _run(model.parent.parent, "mla", model, block=16), ref
+
+
+@pytest.fixture(scope="module")
+def mla_tp2(deepseek: tuple[Path, list[list[int]]]) -> tuple[EngineRun, list[list[int]]]:
+    model, ref = deepseek
+    return _run(model.parent.parent, "mla_tp2", model, block=16, tp=2, disk=True), ref
 
 
 # ---------------------------------------------------------------------------------- tests
@@ -203,3 +216,18 @@ def test_mla_hits_with_identical_outputs(mla: tuple[EngineRun, list[list[int]]])
     assert "CPU_MLA" in run.log
     w = run.worker("warm")
     assert w["loaded_tokens"] >= sum(HITS) and w["failed_chunks"] == 0
+
+
+def test_mla_tp2_hits_and_stores_one_copy_per_chunk(
+    mla_tp2: tuple[EngineRun, list[list[int]]],
+) -> None:
+    run, ref = mla_tp2
+    _check(run, ref, HITS)
+    # 4 + 3 chunks, written once for both ranks (they hold identical KV)
+    assert len(run.step("cold")["new_disk_objects"]) == 7
+    assert run.step("warm")["new_disk_objects"] == []
+    assert "kv_tp_replicas=2" in run.log
+    for rank in (0, 1):
+        w = run.worker("warm", rank)
+        assert w["loaded_tokens"] >= sum(HITS) and w["failed_chunks"] == 0
+    assert run.worker("cold", 0)["saved_chunks"] == 7

@@ -49,6 +49,7 @@ class UnrestorableGroups(UnsupportedModel):
     under vLLM's hybrid KV-cache manager, SSM state): the model runs normally and the
     connector reports no hits (an expected condition, logged at INFO)."""
 
+
 #: KV-cache specs whose per-token KV the connector copies (MLA: one latent per token).
 _RESTORABLE_SPECS = frozenset({"FullAttentionSpec", "MLAAttentionSpec"})
 
