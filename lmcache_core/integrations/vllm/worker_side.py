@@ -499,6 +499,8 @@ class WorkerSide:
             "pid": os.getpid(),
             "rank": self.rank,
             "world_size": self.ctx.world_size,
+            "kv_tp_replicas": self.ctx.kv_tp_replicas,
+            "writes_shared_tiers": self.ctx.is_writer(self.rank),
             "disabled": self.disabled,
             "one_copy_per_chunk": bool(self.copier and self.copier.one_view),
             "loaded_chunks": c.loaded_chunks + (ld.loaded_chunks if ld is not None else 0),
