@@ -82,7 +82,8 @@ class ModelSpec:
     seed: int = 0
     head_scale: float = 12.0
     #: llama, qwen2, mistral, gemma2 (interleaved sliding/full attention), jamba (Mamba
-    #: layers with attention every other layer) or deepseek_v2 (MLA attention)
+    #: layers with attention every other layer), qwen3_next (Gated DeltaNet layers with
+    #: attention every other layer) or deepseek_v2 (MLA attention)
     architecture: str = "llama"
     sliding_window: int | None = None  # mistral and gemma2
 
@@ -213,9 +214,9 @@ def _deepseek_v2(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
     by every head), dense MLPs only (no routed experts)."""
     cfg = tf.DeepseekV2Config(
         **{**common, "num_key_value_heads": spec.num_attention_heads},
-        kv_lora_rank=64,
+        kv_lora_rank=256,  # + qk_rope_head_dim: 320, a latent size vLLM's CPU MLA supports
         q_lora_rank=None,
-        qk_rope_head_dim=16,
+        qk_rope_head_dim=64,
         qk_nope_head_dim=32,
         v_head_dim=32,
         first_k_dense_replace=spec.num_hidden_layers,
@@ -228,7 +229,35 @@ def _deepseek_v2(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
     return _scale_head(tf.DeepseekV2ForCausalLM(cfg), spec)
 
 
-_FAMILIES = {"gemma2": _gemma2, "jamba": _jamba, "deepseek_v2": _deepseek_v2}
+def _qwen3_next(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
+    """Qwen3-Next style hybrid: Gated DeltaNet (linear attention with a recurrent state)
+    layers, full attention every other layer, dense MLPs only (no routed experts)."""
+    n = spec.num_hidden_layers
+    cfg = tf.Qwen3NextConfig(
+        **common,
+        head_dim=spec.hidden_size // spec.num_attention_heads,
+        layer_types=["linear_attention" if i % 2 == 0 else "full_attention" for i in range(n)],
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        mlp_only_layers=list(range(n)),
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        partial_rotary_factor=0.5,
+    )
+    return _scale_head(tf.Qwen3NextForCausalLM(cfg), spec, factor=4.0)
+
+
+_FAMILIES = {
+    "gemma2": _gemma2,
+    "jamba": _jamba,
+    "qwen3_next": _qwen3_next,
+    "deepseek_v2": _deepseek_v2,
+}
 
 
 def _build(spec: ModelSpec, path: Path) -> None:
