@@ -4,21 +4,31 @@ the worker loads from disk -- each against a baseline measured in the same run.
 Scenarios (``--scenario``, default all), on the demo's model (8-layer float32 Llama):
 
 * ``hit``: time to first token of a prompt whose KV is in the connector's CPU tier,
-  against vLLM's own prefix-cache hit on the same prompt, in interleaved pairs (vLLM hit,
-  ``reset_prefix_cache()``, connector hit); median of the per-pair ratios, their spread,
-  and the A/A spread of vLLM's hit against itself. Target: <= 1.2x.
+  against vLLM's own prefix-cache hit on the same prompt: per pair, a vLLM hit, a second
+  vLLM hit (the A/A twin) and a connector hit (after ``reset_prefix_cache()``) in random
+  order; the median of the per-pair ratios with a 95% bootstrap interval, beside the
+  same for vLLM's hit against itself. Target: <= 1.2x.
 * ``disk``: one request loading N chunks from a disk-only tier on an idle in-process
   engine, page cache dropped for the tier's files (``posix_fadvise``): bytes / (first
   read issued -> ``get_finished`` reported), from the worker's statistics; against the
   disk backend's own ``batched_get_into`` of the same N chunks, same batch and
   concurrency, page cache dropped, interleaved. Target: >= 0.7x.
 * ``miss``: the connector's cost when nothing hits (CPU + disk tiers, saves included):
-  two engine processes, with and without the connector, alive together and measured
-  alternately in random order: TTFT of unique prompts and the wall time of a 20-request
-  batch of unique prompts; ratios of medians, and the A/A spread (the engine without the
-  connector, later half of its samples against the first half). Target: <= 1.05x.
+  three engine processes alive together -- two without the connector (the baseline and
+  its A/A twin) and one with it -- each measured once per round in random order: TTFT
+  of a unique prompt and the wall time of a 20-request batch of unique prompts. A
+  measurement ends only once the engine's saves are in every tier (so no store runs
+  into another engine's measurement); the wall time to the outputs is judged, the time
+  until the saves are done is printed beside it. Per-round ratios: connector / baseline
+  (the geometric mean of the two engines without it) and twin / first engine (A/A),
+  medians with 95% bootstrap intervals. Target: <= 1.05x.
 
-Run: ``.venv/bin/python benchmarks/bench_vllm.py`` (about 6 minutes here; engines run in
+Verdicts: ``met`` when the median's 95% interval lies at or under the target, ``not
+met`` when it lies above, ``within noise`` otherwise, and also when the A/A median's
+interval excludes 1 (the set-up itself is then biased: two identical engine processes
+measured 0.85x of each other in one run).
+
+Run: ``.venv/bin/python benchmarks/bench_vllm.py`` (about 12 minutes here; engines run in
 child processes). ``--scenario hit --tier disk`` measures a disk-tier hit instead.
 """
 
@@ -26,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import random
@@ -80,13 +89,23 @@ def _child_hit(spec: dict[str, Any]) -> dict[str, Any]:
     llm = _llm(spec)
     _ttft(llm, list(range(4, 300)))
     rows: dict[str, list[Any]] = {"cold": [], "vllm": [], "connector": [], "vllm_aa": []}
+    rng = random.Random(5)
     for p in _prompts(spec, spec["prompts"], spec["tokens"], 7):
         rows["cold"].append(_ttft(llm, p))
+        # The cold run's chunks are stored in the background and reach the scheduler's
+        # index with the next step's report: one unrecorded vLLM hit after they are in,
+        # or a connector hit measured first would find only part of the prompt.
+        time.sleep(1.0)
+        _ttft(llm, p)
         for _ in range(spec["pairs"]):
-            rows["vllm"].append(_ttft(llm, p))
-            rows["vllm_aa"].append(_ttft(llm, p))
-            llm.reset_prefix_cache()
-            rows["connector"].append(_ttft(llm, p))
+            # The three measurements of a pair in random order: a connector hit follows
+            # a reset of vLLM's prefix cache and leaves the prompt's blocks in it again.
+            order = ["vllm", "vllm_aa", "connector"]
+            rng.shuffle(order)
+            for what in order:
+                if what == "connector":
+                    llm.reset_prefix_cache()
+                rows[what].append(_ttft(llm, p))
     llm.llm_engine.engine_core.shutdown()
     return rows
 
@@ -167,22 +186,50 @@ def _child_disk(spec: dict[str, Any]) -> dict[str, Any]:
     return {**rows, "chunks": len(keys), "chunk_bytes": outs[0].numel() * 4}
 
 
+def _saves_pending() -> int:
+    """Chunks this process's connector still has to store (gathered, not yet in the
+    first tier, or queued or running for a tier below); 0 without a connector. The
+    worker shares the process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one rank)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return 0
+    worker = getattr(get_kv_transfer_group(), "_worker", None)
+    if worker is None or worker.saves is None or worker.storage is None:
+        return 0
+    return int(worker.saves.pending) + int(worker.storage.stats()["pending_stores"])
+
+
+def _wait_saves(timeout: float = 60.0) -> float:
+    """Wait until every save has reached every tier; seconds waited."""
+    t0 = time.perf_counter()
+    while _saves_pending() and time.perf_counter() - t0 < timeout:
+        time.sleep(0.005)
+    return time.perf_counter() - t0
+
+
 def _child_serve(spec: dict[str, Any], out_prefix: str) -> None:
     """An engine that runs the miss measurements the parent asks for, one per line of
     stdin (``ttft SEED`` or ``batch SEED``), answering ``DONE n`` on stdout once the
-    result is in ``<out_prefix>.<n>.json``."""
+    result is in ``<out_prefix>.<n>.json``: ``[seconds to the outputs, seconds until
+    the saves were in every tier]``. The engine returns only once its saves are done,
+    so no background store runs into another engine's measurement."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     llm = _llm(spec)
     _ttft(llm, list(range(4, 300)))
+    _wait_saves()
     sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     print("READY", flush=True)
     for n, line in enumerate(sys.stdin):
         what, seed = line.split()
         if what == "ttft":
             (p,) = _prompts(spec, 1, spec["tokens"], int(seed))
-            res: Any = _ttft(llm, p)[0]
+            t0 = time.perf_counter()
+            ttft = _ttft(llm, p)[0]
+            done = time.perf_counter() - t0
+            res: Any = [ttft, done + _wait_saves()]
         elif what == "batch":
             batch = [
                 TokensPrompt(prompt_token_ids=p)
@@ -190,7 +237,8 @@ def _child_serve(spec: dict[str, Any], out_prefix: str) -> None:
             ]
             t0 = time.perf_counter()
             outs = llm.generate(batch, sp, use_tqdm=False)
-            res = time.perf_counter() - t0
+            done = time.perf_counter() - t0
+            res = [done, done + _wait_saves()]
             assert all(o.num_cached_tokens == 0 for o in outs)
         else:
             break
@@ -246,6 +294,31 @@ def _spread(xs: list[float]) -> str:
     return f"{min(xs):.2f}-{max(xs):.2f}x" if xs else "-"
 
 
+def _median_ci(xs: list[float], seed: int = 0, n: int = 4000) -> tuple[float, float, float]:
+    """Median of ``xs`` and a 95% bootstrap interval of it (the median's uncertainty)."""
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n))
+    return statistics.median(xs), meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
+
+
+def _verdict(ratio: list[float], aa: list[float], target: float) -> str:
+    """``met`` / ``not met`` when the median's 95% interval lies on one side of the
+    target, else ``within noise``; also ``within noise`` when the A/A median's interval
+    (the same measurement against itself) excludes 1: the set-up is then biased by more
+    than its interval shows (e.g. two identical engine processes running at different
+    speeds), and no verdict at the target's scale holds."""
+    med, lo, hi = _median_ci(ratio)
+    amed, alo, ahi = _median_ci(aa, seed=1)
+    word = "met" if hi <= target else "not met" if lo > target else "within noise"
+    if not alo <= 1.0 <= ahi:
+        word = "within noise (the A/A interval excludes 1)"
+    return (
+        f"median {med:.3f}x, 95% CI {lo:.3f}-{hi:.3f}x (per-pair {_spread(ratio)}); "
+        f"A/A median {amed:.3f}x, 95% CI {alo:.3f}-{ahi:.3f}x (per-pair {_spread(aa)}); "
+        f"target <= {target}x: {word}"
+    )
+
+
 def scenario_hit(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> None:
     tier: dict[str, Any] = (
         {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "2GiB"}}
@@ -275,10 +348,7 @@ def scenario_hit(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> N
     ):
         cached = sorted({c for _, c in rows[key]})
         print(f"  {label:<22} TTFT median {med[key] * 1e3:8.1f} ms   cached tokens {cached}")
-    print(
-        f"  connector / vLLM hit, median of pair ratios: {statistics.median(ratios):.2f}x "
-        f"(pairs {_spread(ratios)}; A/A vLLM/vLLM {statistics.median(aa):.2f}x, {_spread(aa)})"
-    )
+    print(f"  connector / vLLM hit, per-pair ratios: {_verdict(ratios, aa, 1.2)}")
     print(f"  cold / connector: {med['cold'] / med['connector']:.1f}x")
 
 
@@ -322,7 +392,9 @@ def scenario_disk(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
 class _Server:
     """A child engine process taking miss measurements on request (see _child_serve)."""
 
-    def __init__(self, name: str, spec: dict[str, Any], tmp: Path) -> None:
+    def __init__(
+        self, name: str, spec: dict[str, Any], tmp: Path, pythonpath: str | None = None
+    ) -> None:
         spec_path = tmp / f"serve-{name}.spec.json"
         spec_path.write_text(json.dumps(spec))
         self.out = str(tmp / f"serve-{name}")
@@ -338,7 +410,11 @@ class _Server:
                 "--out",
                 self.out,
             ],
-            env={**_env(True), "VLLM_CPU_KVCACHE_SPACE": "2"},
+            env={
+                **_env(True),
+                "VLLM_CPU_KVCACHE_SPACE": "2",
+                **({"PYTHONPATH": pythonpath} if pythonpath else {}),
+            },
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -354,14 +430,14 @@ class _Server:
                 return
         raise SystemExit(f"engine child exited; see {self.log.name}")
 
-    def ask(self, what: str, seed: int) -> float:
+    def ask(self, what: str, seed: int) -> tuple[float, float]:
         assert self.proc.stdin is not None
         self.proc.stdin.write(f"{what} {seed}\n")
         self.proc.stdin.flush()
         self._wait(f"DONE {self.n}")
-        res = float(json.loads(Path(f"{self.out}.{self.n}.json").read_text()))
+        first, saved = json.loads(Path(f"{self.out}.{self.n}.json").read_text())
         self.n += 1
-        return res
+        return float(first), float(saved)
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -378,47 +454,98 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         tiers.append({"name": "disk", "backend": "disk", "options": {"path": str(tmp / "kv-miss")}})
     storage = {"chunk_size": args.chunk_size, "tiers": tiers}
     common = {**base, "tokens": args.miss_tokens, "batch_tokens": args.batch_tokens}
+    # Two engines without the connector (the baseline and its A/A twin) and one with it,
+    # alive together, each measured in every round in a random order.
     servers = {
         "none": _Server("none", {**common, "ktc": None}, tmp),
+        "none2": _Server("none2", {**common, "ktc": None}, tmp),
         "connector": _Server(
             "connector", {**common, "ktc": _ktc(storage, tmp / "stats-miss")}, tmp
         ),
     }
+    if args.miss_ref:  # the same connector, another version of lmcache_core
+        ref_storage = {
+            **storage,
+            "tiers": [
+                {**t, "options": {**t["options"], "path": str(tmp / "kv-miss-ref")}}
+                if t["name"] == "disk"
+                else t
+                for t in tiers
+            ],
+        }
+        servers["connector-ref"] = _Server(
+            "connector-ref",
+            {**common, "ktc": _ktc(ref_storage, tmp / "stats-miss-ref")},
+            tmp,
+            pythonpath=str(Path(args.miss_ref).resolve()),
+        )
     rng = random.Random(3)
-    samples: dict[str, dict[str, list[float]]] = {k: {"ttft": [], "batch": []} for k in servers}
+    samples: dict[str, dict[str, list[tuple[float, float]]]] = {
+        k: {"ttft": [], "batch": []} for k in servers
+    }
+    seeds = {"none": 0, "none2": 250, "connector": 500, "connector-ref": 750}
+    t_start = time.monotonic()
+    rounds = 0
     try:
         for rep in range(args.miss_reps):
-            order = list(servers)
-            rng.shuffle(order)
+            if rep >= args.miss_min_reps and time.monotonic() - t_start > args.miss_budget_s:
+                break
             for what in ("ttft", "batch"):
+                order = list(servers)
+                rng.shuffle(order)
                 for name in order:
-                    time.sleep(0.5)  # let the other engine's threads go idle
-                    seed = (
-                        1000 * rep + (0 if name == "none" else 500) + (7 if what == "batch" else 0)
-                    )
+                    time.sleep(0.3)  # let the other engines' threads go idle
+                    seed = 1000 * rep + seeds[name] + (7 if what == "batch" else 0)
                     samples[name][what].append(servers[name].ask(what, seed))
+            rounds += 1
     finally:
         for srv in servers.values():
             srv.close()
 
-    def med(xs: list[float]) -> float:
-        return statistics.median(xs)
-
     print(
-        f"miss ({args.miss_tiers} tiers): two engine processes, with and without the "
-        f"connector, measured alternately ({args.miss_reps} rounds, random order): TTFT of "
-        f"one unique {args.miss_tokens}-token prompt, wall time of 20 unique "
-        f"{args.batch_tokens}-token prompts"
+        f"miss ({args.miss_tiers} tiers): three engine processes alive together, two without "
+        f"the connector (baseline and A/A twin) and one with it, each measured once per round "
+        f"in random order ({rounds} rounds): TTFT of one unique {args.miss_tokens}-token "
+        f"prompt, wall time of 20 unique {args.batch_tokens}-token prompts. Saves included: "
+        "an engine's measurement ends once its saves are in every tier, so no store runs "
+        "into another measurement"
     )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rounds": rounds, "samples": samples}))
     for what, unit, scale in (("ttft", "ms", 1e3), ("batch", "s", 1.0)):
-        none, conn = samples["none"][what], samples["connector"][what]
-        ratios = [c / n for c, n in zip(conn, none, strict=True)]
-        aa = [y / x for x, y in itertools.pairwise(none)]
+        none = [x for x, _ in samples["none"][what]]
+        none2 = [x for x, _ in samples["none2"][what]]
+        # The baseline of a round: the geometric mean of the two engines without the
+        # connector (engine processes differ in speed by themselves; see the A/A).
+        base = [(a * b) ** 0.5 for a, b in zip(none, none2, strict=True)]
+        conn = [x for x, _ in samples["connector"][what]]
+        conn_saved = [y for _, y in samples["connector"][what]]
+        ratios = [c / n for c, n in zip(conn, base, strict=True)]
+        aa = [c / n for c, n in zip(none2, none, strict=True)]
+        durable = [c / n for c, n in zip(conn_saved, base, strict=True)]
+        tail = [y - x for x, y in samples["connector"][what]]
         print(
-            f"  {what:<5} median: none {med(none) * scale:.1f} {unit}, connector "
-            f"{med(conn) * scale:.1f} {unit}; connector / none per round: median "
-            f"{med(ratios):.3f}x ({_spread(ratios)}); A/A none / none, consecutive rounds: "
-            f"median {med(aa):.3f}x ({_spread(aa)})"
+            f"  {what:<5} medians: none {statistics.median(none) * scale:.1f} {unit}, "
+            f"none2 {statistics.median(none2) * scale:.1f} {unit}, connector "
+            f"{statistics.median(conn) * scale:.1f} {unit} (saves done "
+            f"{statistics.median(tail) * 1e3:.0f} ms after the outputs, median)"
+        )
+        print(f"    connector / baseline, per round: {_verdict(ratios, aa, 1.05)}")
+        if "connector-ref" in samples:
+            ref = [x for x, _ in samples["connector-ref"][what]]
+            rr = [c / n for c, n in zip(ref, base, strict=True)]
+            print(
+                f"    reference connector ({args.miss_ref}) median "
+                f"{statistics.median(ref) * scale:.1f} {unit}; ref / baseline, per round: "
+                f"{_verdict(rr, aa, 1.05)}"
+            )
+            cr = [c / r for c, r in zip(conn, ref, strict=True)]
+            cmed, clo, chi = _median_ci(cr, seed=3)
+            print(f"    connector / reference: median {cmed:.3f}x, 95% CI {clo:.3f}-{chi:.3f}x")
+        dmed, dlo, dhi = _median_ci(durable, seed=2)
+        print(
+            f"    connector until its saves are in every tier / baseline: median {dmed:.3f}x, "
+            f"95% CI {dlo:.3f}-{dhi:.3f}x"
         )
 
 
@@ -429,7 +556,7 @@ def main() -> int:
     ap.add_argument("--scenario", choices=("all", "hit", "disk", "miss"), default="all")
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=2049)
-    ap.add_argument("--pairs", type=int, default=7)
+    ap.add_argument("--pairs", type=int, default=25)
     ap.add_argument("--chunk-size", type=int, default=256)
     ap.add_argument("--tier", choices=("cpu", "disk"), default="cpu", help="hit scenario's tier")
     ap.add_argument("--disk-chunks", type=int, default=16)
@@ -442,7 +569,21 @@ def main() -> int:
     ap.add_argument("--miss-tokens", type=int, default=1025)
     ap.add_argument("--batch-tokens", type=int, default=513)
     ap.add_argument("--miss-tiers", choices=("cpu", "cpu+disk"), default="cpu+disk")
-    ap.add_argument("--miss-reps", type=int, default=10)
+    ap.add_argument(
+        "--miss-ref",
+        metavar="DIR",
+        help="miss: also measure the connector of another lmcache_core version, imported "
+        "from DIR/lmcache_core (e.g. git archive COMMIT lmcache_core | tar -x -C DIR)",
+    )
+    ap.add_argument("--json", metavar="FILE", help="miss: write every sample to FILE")
+    ap.add_argument("--miss-reps", type=int, default=30, help="miss: most rounds")
+    ap.add_argument("--miss-min-reps", type=int, default=16, help="miss: fewest rounds")
+    ap.add_argument(
+        "--miss-budget-s",
+        type=float,
+        default=420.0,
+        help="miss: no new round after this many seconds once --miss-min-reps are done",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)

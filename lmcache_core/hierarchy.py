@@ -718,10 +718,18 @@ class TieredHierarchy(BaseBackend):
             return None
         return [writer.has(k) for k in keys]
 
-    def _threadsafe_pins(self) -> bool:
-        """Whether every tier that pins does so safely from any thread."""
+    def _threadsafe_pins(self, blocking: bool = True) -> bool:
+        """Whether every tier that pins does so safely from any thread (a backend with a
+        thread-safe lookup fast path has thread-safe ``pin``/``unpin`` too, as the
+        :class:`~lmcache_core.sync.ThreadSafeFastPaths` protocol says); with
+        ``blocking=False``, also without I/O that may wait (a backend whose pins are
+        index transactions says so with ``pins_do_io = True``, as the disk backend)."""
         return all(
-            not t.can_pin or hasattr(t.backend, "try_batched_contains_threadsafe")
+            not t.can_pin
+            or (
+                hasattr(t.backend, "try_batched_contains_threadsafe")
+                and (blocking or not getattr(t.backend, "pins_do_io", False))
+            )
             for t in self.tiers
         )
 
@@ -819,10 +827,14 @@ class TieredHierarchy(BaseBackend):
         except RuntimeError:  # the loop has stopped: close() ended (or will end) every lease
             pass
 
-    def try_release_threadsafe(self, keys: Sequence[CacheEngineKey]) -> int | None:
+    def try_release_threadsafe(
+        self, keys: Sequence[CacheEngineKey], blocking: bool = True
+    ) -> int | None:
         """:meth:`release` from the calling thread; ``None`` when a tier's pins are not
-        safe from a thread (or the hierarchy is not started): use the async path."""
-        if self._state != "started" or not self._threadsafe_pins():
+        safe from a thread (or the hierarchy is not started): use the async path. With
+        ``blocking=False`` also ``None`` when undoing a pin may wait for I/O (a caller
+        that must not stall, such as vLLM's engine thread, then releases on the loop)."""
+        if self._state != "started" or not self._threadsafe_pins(blocking):
             return None
         undo = self.leases.release(keys)
         self._unpin(undo)

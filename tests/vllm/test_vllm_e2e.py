@@ -146,12 +146,21 @@ def e2(vllm_models: Models, workdir: Path, e1: EngineRun) -> EngineRun:
         {"op": "reset_prefix_cache", "name": "reset1"},
         _gen("cpu_warm", c.CPU_REUSE),
         _gen("evict_cold", c.EVICT),
-        {"op": "delete_disk_objects", "name": "delete", "from_step": "evict_cold"},
+        # another instance sharing the disk tier removes them (through the tier's index)
+        {"op": "delete_chunks", "name": "delete", "tokens": c.EVICT, "chunks": [0, 1, 2]},
         _gen("fill", *c.FILLERS),
         {"op": "reset_prefix_cache", "name": "reset2"},
         _gen("evict_warm", c.EVICT),
         {"op": "reset_prefix_cache", "name": "reset3"},
         _gen("evict_again", c.EVICT),
+        # their files unlinked behind the index (by hand): the index, and so the disk
+        # tier's in-memory view of it, still lists them - a stale positive
+        {"op": "delete_disk_objects", "name": "unlink", "from_step": "evict_warm"},
+        _gen("fill2", *c.FILLERS2),
+        {"op": "reset_prefix_cache", "name": "reset4"},
+        _gen("stale", c.EVICT),
+        {"op": "reset_prefix_cache", "name": "reset5"},
+        _gen("stale_again", c.EVICT),
     ]
     spec = {
         "engine": _engine(vllm_models.main, ktc, prefix_caching=True),
@@ -325,10 +334,12 @@ def test_reuse_from_cpu_tier_after_prefix_cache_reset(e2: EngineRun) -> None:
 
 
 def test_chunks_gone_from_every_tier_are_a_clean_miss(e2: EngineRun) -> None:
-    # EVICT's chunks were deleted from disk and evicted from the memory tier by the
-    # fillers; the memory tier reported the evictions, so the scheduler promises
-    # nothing: a miss, not a failed load.
-    assert e2.step("delete")["deleted"]
+    # EVICT's chunks were removed from disk by another process (through the shared
+    # index, as another instance evicting them would) and evicted from the memory tier
+    # by the fillers; the memory tier reported the evictions and the disk tier's view
+    # of the index caught up, so the scheduler promises nothing: a miss, not a failed
+    # load.
+    assert e2.step("delete")["removed"] == len(e2.step("evict_cold")["new_disk_objects"]) == 3
     cold, warm, again = (e2.outputs(n)[0] for n in ("evict_cold", "evict_warm", "evict_again"))
     assert warm["finish_reason"] == "length"
     _same(cold, warm)
@@ -338,6 +349,32 @@ def test_chunks_gone_from_every_tier_are_a_clean_miss(e2: EngineRun) -> None:
     # The recomputed chunks were stored again.
     assert again["num_cached_tokens"] == c.expected_hit(len(c.EVICT)) == 191
     _same(cold, again)
+
+
+def test_files_unlinked_behind_the_index_are_a_failed_load_recomputed_and_stored_again(
+    e2: EngineRun,
+) -> None:
+    # EVICT's files were unlinked behind the index, and the memory tier evicted them: the
+    # disk tier's view of the index still lists them (a stale positive). The load finds no
+    # file: a miss at load, reported as a failed load that the connector accounts for
+    # (stale hits, failed chunks; vLLM recomputes under the "recompute" policy - under
+    # "fail" only leased chunks are offered, see the e3 test), never wrong KV.
+    unlinked = e2.step("unlink")["deleted"]
+    assert len(unlinked) == 3
+    cold, stale, again = (e2.outputs(n)[0] for n in ("evict_cold", "stale", "stale_again"))
+    assert stale["finish_reason"] == "length"
+    _same(cold, stale)
+    assert stale["num_cached_tokens"] == 0
+    w0, w1 = e2.worker("fill2"), e2.worker("stale")
+    assert w1["failed_chunks"] - w0["failed_chunks"] == len(unlinked)
+    s0, s1 = e2.scheduler("fill2"), e2.scheduler("stale")
+    assert s1["stale_hits"] - s0["stale_hits"] == len(unlinked)
+    assert s1["load_failures"] == s0["load_failures"] + 1
+    # The load dropped the stale rows; the recomputed chunks were stored again and serve
+    # the next run, with no further failure.
+    assert again["num_cached_tokens"] == c.expected_hit(len(c.EVICT)) == 191
+    _same(cold, again)
+    assert e2.worker("stale_again")["failed_chunks"] == w1["failed_chunks"]
 
 
 def test_multiprocess_pids_differ(e2: EngineRun) -> None:

@@ -89,7 +89,11 @@ def test_saves_gather_then_store_in_the_background_and_drop_when_staging_is_full
     # Shutdown with stores pending: drained up to the timeout, the rest counted.
     write_control(str(tmp_path / "control.json"), put_delay_s=5.0)
     assert q.submit(items[:2]) == []
+    assert q.pending == 2
     assert q.drain(0.2) == 2
+    # The cancelled stores end as refused and give their staging buffers back.
+    _wait(lambda: q.pending == 0 and buffers.in_use == 0)
+    assert sorted(i for _, i in q.take_refused()) == [0, 1]
 
 
 def test_background_load_scatters_when_done_and_fails_past_its_deadline(setup: Any) -> None:

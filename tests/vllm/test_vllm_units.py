@@ -422,3 +422,24 @@ def test_a_failing_shared_tier_lookup_is_a_miss() -> None:
     req = _request(list(range(4, 4 + 300)))
     assert sched.get_num_new_matched_tokens(req, 0) == (0, False)
     assert sched.stats()["lookup_errors"] == 1
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_stats_file_is_replaced_whole_and_leaves_no_temporary_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+) -> None:
+    from lmcache_core.integrations.vllm import stats_file
+
+    if not exchange:  # systems or filesystems without renameat2(RENAME_EXCHANGE)
+        monkeypatch.setattr(stats_file, "_renameat2", None)
+    elif stats_file._renameat2 is None:
+        pytest.skip("renameat2 is not available on this system")
+    d = str(tmp_path / "stats")
+    for i in range(5):
+        stats_file.write_stats(d, "worker0.json", {"role": "worker", "i": i, "pad": "x" * i})
+        docs = stats_file.read_stats(d)
+        assert [(doc["role"], doc["i"], doc["file"]) for doc in docs] == [
+            ("worker", i, "worker0.json")
+        ]
+        assert sorted(os.listdir(d)) == ["worker0.json"]  # the previous document is gone
+    assert os.stat(os.path.join(d, "worker0.json")).st_mode & 0o077 == 0

@@ -31,6 +31,7 @@ LOCAL_EXT_HEAD = LOCAL_EXT[:128] + toks(10, 60)
 CPU_REUSE = toks(11, 192)
 EVICT = toks(12, 192)
 FILLERS = [toks(20 + i, 192) for i in range(4)]
+FILLERS2 = [toks(24 + i, 192) for i in range(4)]
 # failure isolation, multi-turn and preemption (test_vllm_isolation_e2e.py)
 ISO_A = toks(30, 256)  # a 4-chunk shared prefix
 ISO_X = toks(31, 130)

@@ -3,7 +3,8 @@
 :meth:`SaveQueue.submit` runs in ``wait_for_save``: it takes a staging buffer (none
 free: the save is dropped and counted, never waited for), gathers the chunk's blocks of
 every layer into it (one copy per chunk; on CUDA an asynchronous copy on a side stream)
-and queues the store on the storage's IO loop. The step returns; the store into the
+and hands the step's stores to the storage's IO loop in one call (a hand-over to another
+thread costs ~0.3 ms here: one per step, not one per chunk). The step returns; the store into the
 first tier and the write-through to lower tiers run meanwhile. A chunk counts as stored
 (:meth:`take_stored`) only once the first tier holds it.
 """
@@ -61,7 +62,9 @@ class SaveQueue:
         self._lock = threading.Lock()
         self._stored: list[tuple[int, int, Any]] = []
         self._refused: list[tuple[str, int]] = []
-        self._pending: dict[concurrent.futures.Future[Any], SaveItem] = {}
+        # Items gathered and not yet finished (by id), and the batches storing them.
+        self._pending: dict[int, tuple[SaveItem, torch.Tensor]] = {}
+        self._batches: set[concurrent.futures.Future[Any]] = set()
         self._events: dict[str, list[Any]] = {}
         self.gathered = 0
         self.gathered_bytes = 0
@@ -74,55 +77,75 @@ class SaveQueue:
 
     @property
     def pending(self) -> int:
+        """Chunks gathered whose store has not finished."""
         with self._lock:
             return len(self._pending)
 
     def submit(self, items: list[SaveItem]) -> list[SaveItem]:
-        """Gather and queue ``items``; returns those dropped for lack of a buffer."""
-        dropped = []
+        """Gather ``items`` and queue their stores (one hand-over to the IO loop for the
+        whole list); returns those dropped for lack of a buffer."""
+        dropped: list[SaveItem] = []
+        batch: list[tuple[SaveItem, torch.Tensor, Any]] = []
         nbytes = self.buffers.nbytes
-        for item in items:
-            buf = self.buffers.take()
-            if buf is None:
-                dropped.append(item)
-                continue
-            t0 = time.perf_counter()
-            try:
-                event = self.copier.gather_to_host(item.block_ids, buf)
-            except BaseException:
-                self.buffers.give(buf)
-                raise
+        t0 = time.perf_counter()
+        try:
+            for item in items:
+                buf = self.buffers.take()
+                if buf is None:
+                    dropped.append(item)
+                    continue
+                try:
+                    event = self.copier.gather_to_host(item.block_ids, buf)
+                except BaseException:
+                    self.buffers.give(buf)
+                    raise
+                self.gathered += 1
+                self.gathered_bytes += nbytes
+                if event is not None:
+                    self._events.setdefault(item.req_id, []).append(event)
+                batch.append((item, buf, event))
+        finally:
             self.gather_seconds += time.perf_counter() - t0
-            self.gathered += 1
-            self.gathered_bytes += nbytes
-            if event is not None:
-                self._events.setdefault(item.req_id, []).append(event)
-            fut = self.storage.submit(self._store(item.key, buf, event))
-            with self._lock:
-                self._pending[fut] = item
-            fut.add_done_callback(self._on_done(buf))
+            if batch:
+                self._queue(batch)
         self.dropped_full += len(dropped)
         return dropped
 
-    async def _store(self, key: CacheEngineKey, buf: torch.Tensor, event: Any) -> tuple[bool, Any]:
-        if event is not None:
-            await asyncio.to_thread(event.synchronize)
-        t0 = time.perf_counter()
-        ok = await self.storage.hierarchy.put(key, buf)
-        self.store_seconds += time.perf_counter() - t0
-        extra = self.after_store(key) if ok and self.after_store is not None else None
-        return bool(ok), extra
-
-    def _on_done(self, buf: torch.Tensor) -> Callable[[concurrent.futures.Future[Any]], None]:
-        return lambda fut: self._done(fut, buf)
-
-    def _done(self, fut: concurrent.futures.Future[Any], buf: torch.Tensor) -> None:
-        self.buffers.give(buf)
+    def _queue(self, batch: list[tuple[SaveItem, torch.Tensor, Any]]) -> None:
         with self._lock:
-            item = self._pending.pop(fut)
-            ok, extra = False, None
-            if not fut.cancelled() and fut.exception() is None:
-                ok, extra = fut.result()
+            for item, buf, _ in batch:
+                self._pending[id(item)] = (item, buf)
+        try:
+            fut = self.storage.submit(self._store_all(batch))
+        except BaseException:
+            for item, _, _ in batch:
+                self._finish(item, False, None)
+            raise
+        with self._lock:
+            self._batches.add(fut)
+        fut.add_done_callback(lambda f: self._batch_done(f, batch))
+
+    async def _store_all(self, batch: list[tuple[SaveItem, torch.Tensor, Any]]) -> None:
+        await asyncio.gather(*(self._store(item, buf, event) for item, buf, event in batch))
+
+    async def _store(self, item: SaveItem, buf: torch.Tensor, event: Any) -> None:
+        ok, extra = False, None
+        try:
+            if event is not None:
+                await asyncio.to_thread(event.synchronize)
+            t0 = time.perf_counter()
+            ok = bool(await self.storage.hierarchy.put(item.key, buf))
+            self.store_seconds += time.perf_counter() - t0
+            extra = self.after_store(item.key) if ok and self.after_store is not None else None
+        finally:  # (cancelled or failed: refused)
+            self._finish(item, ok, extra)
+
+    def _finish(self, item: SaveItem, ok: bool, extra: Any) -> None:
+        """Record one item's outcome and give its buffer back (once per item)."""
+        with self._lock:
+            entry = self._pending.pop(id(item), None)
+            if entry is None:
+                return
             if ok:
                 self._stored.append((item.chunk_hash, item.chunk_index, extra))
                 self.stored += 1
@@ -130,6 +153,16 @@ class SaveQueue:
             else:
                 self._refused.append((item.req_id, item.chunk_index))
                 self.refused += 1
+        self.buffers.give(entry[1])
+
+    def _batch_done(
+        self, fut: concurrent.futures.Future[Any], batch: list[tuple[SaveItem, torch.Tensor, Any]]
+    ) -> None:
+        # A batch cancelled before it ran never reached its items: they end here.
+        for item, _, _ in batch:
+            self._finish(item, False, None)
+        with self._lock:
+            self._batches.discard(fut)
 
     def take_stored(self) -> list[tuple[int, int, Any]]:
         """``(hash, chunk index, after_store result)`` of chunks stored since the last call."""
@@ -161,12 +194,16 @@ class SaveQueue:
         self._events.clear()
 
     def drain(self, timeout: float) -> int:
-        """Wait up to ``timeout`` s for queued stores; cancel the rest and return how many."""
+        """Wait up to ``timeout`` s for queued stores; cancel the rest and return how many
+        chunks were not stored in time."""
         with self._lock:
-            futs = list(self._pending)
+            futs = list(self._batches)
         if not futs:
             return 0
-        _, not_done = concurrent.futures.wait(futs, timeout=max(0.0, timeout))
-        for f in not_done:
+        concurrent.futures.wait(futs, timeout=max(0.0, timeout))
+        with self._lock:
+            left = len(self._pending)
+            futs = list(self._batches)
+        for f in futs:
             f.cancel()
-        return len(not_done)
+        return left

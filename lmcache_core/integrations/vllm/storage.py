@@ -212,14 +212,15 @@ class Storage:
 
     def release_soon(self, keys: Sequence[CacheEngineKey]) -> None:
         """End leases on ``keys`` (only keys a lookup pinned) without waiting: in the
-        calling thread when the tiers' pins allow it (no event-loop hop), else on the IO
-        loop in the background. Never raises."""
+        calling thread when the tiers' unpins are thread-safe and do no I/O (no event-loop
+        hop), else on the IO loop in the background. Never raises."""
         if not keys:
             return
         keys = list(keys)
         if not self.sync.io.in_loop_thread():
             try:
-                if self.hierarchy.try_release_threadsafe(keys) is not None:
+                # never an index transaction on vLLM's thread: disk unpins go to the loop
+                if self.hierarchy.try_release_threadsafe(keys, blocking=False) is not None:
                     return
             except Exception as exc:  # fall back to the loop, which logs what it finds
                 log.debug("thread-safe release failed (%s); releasing on the IO loop", exc)

@@ -50,12 +50,14 @@ from .sandbox import TierDir, open_root
 from .shared_index import SharedIndex
 from .state import Counters
 from .store import DiskStore
+from .view import KeyView
 
 __all__ = ["DiskBackend", "DiskTierError"]
 
 log = logging.getLogger("lmcache_core.disk")
 T = TypeVar("T")
 
+_KEY_TYPES = {CacheEngineKey}
 #: Seconds after which an idle staging buffer is released.
 STAGING_IDLE_S = 30.0
 
@@ -92,6 +94,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         self._seq = itertools.count()
         self._exec: concurrent.futures.ThreadPoolExecutor | None = None
         self._index: SharedIndex | None = None
+        self._view: KeyView | None = None
         self._io: ObjectIO | None = None
         self._owner_lock: OwnerLock | None = None
         self._tier: TierDir | None = None
@@ -264,11 +267,13 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
             pool=self._buffers,
         )
         self._index = SharedIndex(tier, self.file_mode, on_damage=self._index_damaged)
+        self._view = KeyView(self._index, self._ns_dir, self.opts.lookup_refresh_s)
         with self._index_lock():
             self._open_index_locked()
         self._reap_sync()
         with self.index.snapshot() as tx:
             self._totals = tx.totals()
+        self._view.current()  # loaded here, in a pool thread, not by the first lookup
 
     def _make_meta_dirs(self) -> list[str]:
         """Create ``.lmcache-disk/owners`` (links or files in their place are removed),
@@ -318,12 +323,35 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
 
     # ================================================================== reads
     def _rel(self, key: CacheEngineKey) -> str:
-        return layout.object_relpath(self._ns_dir, key)
+        view = self._view
+        if view is None:
+            return layout.object_relpath(self._ns_dir, key)
+        return f"{self._ns_dir}/{view.location(key)}"
+
+    def try_batched_contains_threadsafe(
+        self, keys: Sequence[CacheEngineKey]
+    ) -> list[bool | None] | None:
+        """``batched_contains`` from any thread, answered from the in-memory view of the
+        shared index (:mod:`.view`); ``None`` when the view cannot answer now (the index
+        is being rebuilt): the async path then checks the files. A positive is a hint:
+        a load that finds no valid object is a miss. See
+        :class:`~lmcache_core.sync.ThreadSafeFastPaths` (the pin methods are thread-safe
+        too: they take the index's lock)."""
+        view = self._view
+        if view is None or not self.started:
+            return None
+        if keys and set(map(type, keys)) != _KEY_TYPES:  # the async path raises the error
+            return None
+        return view.contains_many(keys)  # type: ignore[return-value]
 
     async def _contains(self, key: CacheEngineKey) -> bool:
-        return (await self._call(self._exists_sync, [self._rel(key)]))[0]
+        return (await self._batched_contains([key]))[0]
 
     async def _batched_contains(self, keys: Sequence[CacheEngineKey]) -> list[bool]:
+        view = self._view
+        found = view.contains_many(keys) if view is not None else None
+        if found is not None:
+            return found
         rels = [self._rel(k) for k in keys]
         step = max(16, -(-len(rels) // self.opts.concurrency))  # cold stats in parallel
         parts = await self._run_batch(
@@ -377,6 +405,8 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         if res.outcome is ReadOutcome.HIT:
             self._touch(rel)
             return True
+        if self._view is not None:
+            self._view.invalidate()  # a lookup may have said "stored": catch up at once
         if res.outcome is ReadOutcome.MISSING:
             self._forget_missing_sync(rel)
         elif res.outcome is ReadOutcome.BUSY:

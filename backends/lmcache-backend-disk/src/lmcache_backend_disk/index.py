@@ -10,6 +10,12 @@ A SQLite database in WAL mode under ``<root>/.lmcache-disk/``:
 ``totals``
     ``used`` (bytes of entries + pending) and ``entries``, kept exact by triggers, so a
     reservation reads usage in O(1) instead of summing 100k rows.
+``changes(seq, path, present)``
+    one row per entry inserted (``present`` 1) or deleted (0), in commit order, filled by
+    triggers: what each process's in-memory view of the keys (:mod:`.view`) reads to
+    catch up incrementally. Writers prune it to the last :data:`CHANGES_KEEP` rows (the
+    ``changes_floor`` meta value says up to which ``seq`` rows are gone; a view that is
+    further behind reloads the entries).
 ``pins(id, path, owner, expires)``
     one row per pin (:meth:`DiskBackend.pin`): eviction skips an entry while it has a pin
     whose ``expires`` (wall clock) has not passed.
@@ -32,6 +38,7 @@ settled when their owner is found dead.
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -59,7 +66,16 @@ _HEX16 = "[0-9a-f]" * 16
 _BAD_OWNER = f"typeof(owner) != 'text' OR length(owner) != 16 OR owner NOT GLOB '{_HEX16}'"
 _BAD_SIZE = f"typeof(size) != 'integer' OR size < 0 OR size > {MAX_SIZE}"
 
+#: Version 1 without the change log (older releases) and with it share the directory: the
+#: log is an addition that older code tolerates (it drops the log's triggers as foreign at
+#: its schema audits; the key views then fall back to the files, see :mod:`.view`), so the
+#: version is not bumped (an older process would take a bumped index for damage and
+#: rebuild it under the newer ones).
 SCHEMA_VERSION = "1"
+#: Meta key: a token recorded each time the change log's triggers are (re)created.
+CHANGE_LOG_EPOCH = "changes_epoch"
+#: Rows of the ``changes`` table kept by :meth:`IndexTx.prune_changes`.
+CHANGES_KEEP = 50_000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries(
@@ -84,6 +100,12 @@ CREATE TRIGGER IF NOT EXISTS entries_del AFTER DELETE ON entries BEGIN
     UPDATE totals SET used = used - OLD.size, entries = entries - 1; END;
 CREATE TRIGGER IF NOT EXISTS entries_upd AFTER UPDATE OF size ON entries BEGIN
     UPDATE totals SET used = used - OLD.size + NEW.size; END;
+CREATE TABLE IF NOT EXISTS changes(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, path TEXT NOT NULL, present INTEGER NOT NULL);
+CREATE TRIGGER IF NOT EXISTS changes_ins AFTER INSERT ON entries BEGIN
+    INSERT INTO changes(path, present) VALUES (NEW.path, 1); END;
+CREATE TRIGGER IF NOT EXISTS changes_del AFTER DELETE ON entries BEGIN
+    INSERT INTO changes(path, present) VALUES (OLD.path, 0); END;
 CREATE TRIGGER IF NOT EXISTS pending_ins AFTER INSERT ON pending BEGIN
     UPDATE totals SET used = used + NEW.size; END;
 CREATE TRIGGER IF NOT EXISTS pending_del AFTER DELETE ON pending BEGIN
@@ -209,9 +231,15 @@ class IndexTx:
     def audit_schema(self) -> bool:
         """Drop triggers that are not exactly ours (a planted trigger could falsify the
         totals) and create what is missing; a table or index that differs from ours is
-        :class:`IndexDamaged`. ``True`` when a trigger was dropped."""
+        :class:`IndexDamaged`. ``True`` when a trigger was dropped.
+
+        When the change log's triggers are (re)created, a new :data:`CHANGE_LOG_EPOCH`
+        is recorded: changes made while they were missing were not logged (an older
+        version of this backend, whose audit drops them as foreign, shares the
+        directory), so every key view reloads instead of trusting the log."""
         dropped = False
         con = self._con
+        log_was_on = self.change_log_epoch() is not None
         for typ, name, tbl, sql in con.execute(
             "SELECT type, name, tbl_name, sql FROM sqlite_master"
         ).fetchall():
@@ -229,6 +257,8 @@ class IndexTx:
         for stmt in _SCHEMA.split(";\n"):
             if stmt.strip():
                 con.execute(stmt)
+        if not log_was_on and self.writable:
+            self.set_meta(CHANGE_LOG_EPOCH, secrets.token_hex(8))
         return dropped
 
     def audit(self) -> bool:
@@ -374,6 +404,69 @@ class IndexTx:
     def clear_entries(self) -> None:
         self._con.execute("DELETE FROM entries")
 
+    # -- change log (the per-process key views) ------------------------------------------
+    def prune_changes(self, keep: int = CHANGES_KEEP) -> int:
+        """Delete all but the last ``keep`` rows of the change log; rows deleted."""
+        (last,) = self._con.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()
+        if type(last) is not int or last <= keep:
+            return 0
+        cut = last - keep
+        n = self._con.execute("DELETE FROM changes WHERE seq <= ?", (cut,)).rowcount
+        if n:
+            self.set_meta("changes_floor", str(cut))
+        return n
+
+    def changes_since(self, seq: int) -> tuple[int, int, list[tuple[str, bool]]] | None:
+        """``(floor, last seq, [(path, present)])``: the changes after ``seq`` in commit
+        order, or ``None`` when the log cannot tell (pruned past ``seq``, or ``seq`` is
+        ahead of it: another index file). Malformed rows are left out."""
+        floor_text = self.meta("changes_floor")
+        floor = int(floor_text) if floor_text is not None and floor_text.isdigit() else 0
+        (last,) = self._con.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()
+        if type(last) is not int or seq < floor or seq > last:
+            return None
+        out = [
+            (p, bool(present))
+            for s, p, present in self._con.execute(
+                "SELECT seq, path, present FROM changes WHERE seq > ? ORDER BY seq", (seq,)
+            )
+            if type(s) is int and isinstance(p, str) and present in (0, 1)
+        ]
+        return floor, last, out
+
+    def change_log_epoch(self) -> str | None:
+        """The change log's epoch (see :meth:`audit_schema`), or ``None`` when the log is
+        off now: one of its triggers is missing or not exactly ours, or no epoch was
+        recorded since they were created. A key view trusts the log only between two
+        reads of the same epoch."""
+        rows = self._con.execute(
+            "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger' "
+            "AND name IN (?, ?)",
+            _CHANGE_TRIGGERS,
+        ).fetchall()
+        if len(rows) != len(_CHANGE_TRIGGERS):
+            return None
+        for name, tbl, sql in rows:
+            if _EXPECTED.get(name) != ("trigger", tbl, sql):
+                return None
+        return self.meta(CHANGE_LOG_EPOCH)
+
+    def last_change(self) -> int:
+        """The ``seq`` of the latest change (0: none)."""
+        (last,) = self._con.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()
+        return last if type(last) is int else 0
+
+    def paths_under(self, prefix: str) -> list[str]:
+        """Paths of the entries that start with ``prefix`` (unvalidated text)."""
+        hi = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        return [
+            p
+            for (p,) in self._con.execute(
+                "SELECT path FROM entries WHERE path >= ? AND path < ?", (prefix, hi)
+            )
+            if isinstance(p, str)
+        ]
+
     # -- pending writes ----------------------------------------------------------------
     def add_pending(self, owner: str, path: str, tmp: str, size: int, now: float) -> int:
         cur = self._con.execute(
@@ -479,3 +572,6 @@ def _expected_schema() -> dict[str, tuple[str, str, str | None]]:
 
 
 _EXPECTED = _expected_schema()
+#: The triggers that fill the ``changes`` table.
+_CHANGE_TRIGGERS = ("changes_ins", "changes_del")
+assert all(_EXPECTED[name][0] == "trigger" for name in _CHANGE_TRIGGERS)

@@ -26,7 +26,7 @@ from typing import NoReturn
 
 import numpy as np
 import torch
-from xxhash import xxh3_128_hexdigest
+from xxhash import xxh3_128, xxh3_128_hexdigest
 
 from lmcache_core import format as fmt
 from lmcache_core.errors import FormatError
@@ -38,6 +38,11 @@ from .sandbox import TierDir
 __all__ = ["ObjectIO", "ReadOutcome", "ReadResult"]
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
+#: ``O_DIRECT`` reads of large objects go in requests of this many bytes, each checksummed
+#: (and, into an unaligned buffer, copied) as soon as it lands, while the cache still
+#: holds it: the checksum and the copy overlap the object's next request instead of
+#: running over the whole object from memory after its last byte arrived.
+READ_PIECE = 4 << 20
 _DUMMY_CHECKSUM = "xxh3_128:" + "0" * 32
 _CHECKSUM_FIELD = b'"checksum":"xxh3_128:'
 _STANDARD_META = frozenset({"format", "format_version", "key", "namespace", "checksum", "codec"})
@@ -316,12 +321,65 @@ class ObjectIO:
             # Either another shape/dtype of this key (the caller's buffer is wrong) or junk.
             self._explain_mismatch(self._read_head(fd, size), size, key, ns_json, out)
         dst = _u8(out)
-        raw = self._read_body(fd, hlen, size, dst, with_head=True)
+        if self.direct:
+            raw, digest = self._read_direct_hashed(fd, hlen, size, dst)
+        else:
+            raw = self._read_body(fd, hlen, size, dst, with_head=True)
+            digest = None
         digits = template.digits_of(raw)
         if digits is None:
             self._explain_mismatch(raw, size, key, ns_json, out)
-        if xxh3_128_hexdigest(dst.data) != digits:
+        if (digest if digest is not None else xxh3_128_hexdigest(dst.data)) != digits:
             raise FormatError("checksum mismatch: object data is corrupted")
+
+    def _read_direct_hashed(
+        self, fd: int, hlen: int, size: int, dst: np.ndarray
+    ) -> tuple[bytes, str]:
+        """``O_DIRECT`` read of the header (``hlen`` bytes, block-aligned) and the data into
+        ``dst``, in requests of :data:`READ_PIECE`, each hashed as it lands (into an
+        aligned ``dst`` directly, else through one staging piece). Returns the header bytes
+        and the data's xxh3-128 hex digest."""
+        n = size - hlen
+        hasher = xxh3_128()
+        aligned = dst.ctypes.data % ALIGN == 0
+        span = round_up(hlen + min(n, READ_PIECE)) if not aligned else hlen + ALIGN
+        buf = self.pool.take(span)
+        stage = np.frombuffer(buf.view, dtype=np.uint8)
+        head = b""
+        try:
+            off = 0
+            while True:
+                piece = min(READ_PIECE, n - off)
+                head_len = hlen if off == 0 else 0
+                start = 0 if off == 0 else hlen + off
+                if aligned:
+                    body = piece - piece % ALIGN
+                    tail = piece - body
+                    views = [buf.view[:head_len]] if head_len else []
+                    if body:
+                        views.append(dst.data[off : off + body])
+                    if tail:
+                        views.append(buf.view[head_len : head_len + ALIGN])
+                else:
+                    body, tail = 0, 0
+                    views = [buf.view[: round_up(head_len + piece)]]
+                got = os.preadv(fd, views, start) if views else 0
+                if got != head_len + piece:
+                    raise FormatError(f"short read: {start + got} of {size} bytes (truncated?)")
+                if aligned:
+                    if tail:
+                        dst[off + body : off + piece] = stage[head_len : head_len + tail]
+                else:
+                    np.copyto(dst[off : off + piece], stage[head_len : head_len + piece])
+                if head_len:
+                    head = bytes(buf.view[:hlen])
+                if piece:
+                    hasher.update(dst.data[off : off + piece])
+                off += piece
+                if off >= n:
+                    return head, hasher.hexdigest()
+        finally:
+            self.pool.give(buf)
 
     def _explain_mismatch(
         self, raw: bytes, size: int, key: str, ns_json: str, out: torch.Tensor

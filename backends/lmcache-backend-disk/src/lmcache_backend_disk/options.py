@@ -69,6 +69,14 @@ class DiskOptions:
         doc="Seconds between flushes of read times to the shared LRU index (a write flushes "
         "them at once).",
     )
+    lookup_refresh_s: float = option(
+        0.01,
+        minimum=0.0,
+        maximum=60.0,
+        doc="Lookups answer from an in-memory view of the shared index; it catches up with "
+        "other processes' puts and evictions at most this many seconds after they commit "
+        "(this process's own at once; 0: ask the index at every lookup, ~10 us).",
+    )
 
     staging_bytes: int = option(
         "1GiB",

@@ -51,6 +51,10 @@ class DiskPin:
 class DiskPins(DiskState):
     """``pin``/``unpin``/``pin_many``/``unpin_many`` for the disk backend (a mixin)."""
 
+    #: Pins and unpins are index write transactions (waiting up to :data:`PIN_WAIT_S` for
+    #: the lock): callers that must not stall release on the event loop (see
+    #: ``TieredHierarchy.try_release_threadsafe``).
+    pins_do_io = True
     _unpin_later: list[int]
     _unpin_lock: threading.Lock
 

@@ -35,11 +35,27 @@ from .index import (
 from .layout import INDEX_FILE, META_DIR
 from .sandbox import TierDir
 
-__all__ = ["SharedIndex"]
+__all__ = ["SharedIndex", "local_commits"]
 
 log = logging.getLogger("lmcache_core.disk")
 
 _INDEX_FILES = ("", "-wal", "-shm", "-journal")
+
+#: Write transactions committed by this process, per tier root (``(st_dev, st_ino)``):
+#: a key view (:mod:`.view`) polls the index at once when this changed, so a process's
+#: own puts and removals are visible to its next lookup whichever backend made them.
+_COMMITS: dict[tuple[int, int], int] = {}
+_COMMITS_LOCK = threading.Lock()
+
+
+def local_commits(root: tuple[int, int]) -> int:
+    """How many write transactions this process has committed on the tier ``root``."""
+    return _COMMITS.get(root, 0)
+
+
+def _count_commit(root: tuple[int, int]) -> None:
+    with _COMMITS_LOCK:
+        _COMMITS[root] = _COMMITS.get(root, 0) + 1
 
 
 class SharedIndex:
@@ -72,6 +88,15 @@ class SharedIndex:
         self.files_removed = 0  # links / odd files found in place of index files
         self._con: sqlite3.Connection | None = None
         self._lock = threading.Lock()
+        st_root = os.fstat(tier.fd)
+        #: ``(st_dev, st_ino)`` of the tier's root (the key of :func:`local_commits`).
+        self.root_ident = (st_root.st_dev, st_root.st_ino)
+        #: A second, read-only connection for the key views (:meth:`view_snapshot`), so a
+        #: lookup never waits for a write transaction of this process.
+        self._view_con: sqlite3.Connection | None = None
+        self._view_lock = threading.Lock()
+        #: Incremented each time the index is (re)opened: a view then reloads.
+        self.generation = 0
 
     # ------------------------------------------------------------------ opening
     def open(self) -> bool:
@@ -188,8 +213,31 @@ class SharedIndex:
         except BaseException:
             con.close()
             raise
+        try:
+            view_con = self._connect_view()
+        except BaseException:
+            con.close()
+            raise
         self._con = con
+        with self._view_lock:
+            self._view_con = view_con
+        self.generation += 1
         return complete
+
+    def _connect_view(self) -> sqlite3.Connection:
+        """The read-only connection of the key views, to the file just checked."""
+        con = sqlite3.connect(
+            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        con.text_factory = text_or_bytes
+        try:
+            con.execute("PRAGMA query_only=ON")
+            con.execute("PRAGMA trusted_schema=OFF")
+            self._verify_paths()
+        except BaseException:
+            con.close()
+            raise
+        return con
 
     def move_aside(self) -> None:
         """Rename the index files to ``index.sqlite.corrupt`` (+ suffixes), replacing an
@@ -246,6 +294,10 @@ class SharedIndex:
             if self._con is not None:
                 self._con.close()
                 self._con = None
+            with self._view_lock:
+                if self._view_con is not None:
+                    self._view_con.close()
+                    self._view_con = None
             self._close_meta()
 
     # ------------------------------------------------------------------ transactions
@@ -303,6 +355,7 @@ class SharedIndex:
                 try:
                     yield IndexTx(con, writable=True, file_size=self._file_size)
                     con.execute("COMMIT")
+                    _count_commit(self.root_ident)
                 except BaseException:
                     try:
                         con.execute("ROLLBACK")
@@ -330,3 +383,46 @@ class SharedIndex:
             except sqlite3.DatabaseError as exc:
                 self._damaged(exc)
                 raise
+
+    # ------------------------------------------------------------------ key views
+    def view_version(self, check: bool = False) -> tuple[int, int]:
+        """``(generation, PRAGMA data_version)`` of the view connection: the second number
+        changes whenever any other connection (of any process, this one's writer included)
+        has committed to the index. With ``check``, first make sure the index file is
+        still the one opened (a replaced one is reported as damage). Raises
+        :class:`IndexUnavailable` while the index is rebuilt or closed."""
+        with self._view_lock:
+            con = self._view_connection()
+            try:
+                if check:
+                    self._check_identity()
+                (version,) = con.execute("PRAGMA data_version").fetchone()
+            except sqlite3.DatabaseError as exc:
+                self._damaged(exc)
+                raise
+            return self.generation, int(version)
+
+    @contextmanager
+    def view_snapshot(self) -> Iterator[IndexTx]:
+        """A read transaction on the view connection (never waits for this process's
+        writers; checks first that the index file is still the one opened)."""
+        with self._view_lock:
+            con = self._view_connection()
+            try:
+                self._check_identity()
+                con.execute("BEGIN")
+                try:
+                    yield IndexTx(con, writable=False)
+                finally:
+                    con.execute("COMMIT")
+            except sqlite3.DatabaseError as exc:
+                self._damaged(exc)
+                raise
+
+    def _view_connection(self) -> sqlite3.Connection:
+        if self.unavailable is not None:
+            raise IndexUnavailable(self.unavailable)
+        con = self._view_con
+        if con is None:
+            raise IndexUnavailable("index is closed")
+        return con

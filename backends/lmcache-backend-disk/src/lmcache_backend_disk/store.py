@@ -40,6 +40,8 @@ _EVICT_BATCH = 64
 AUDIT_INTERVAL_S = 60.0
 #: Shortest time between two audits started because the totals exceed the bound.
 AUDIT_OVER_BOUND_S = 5.0
+#: Reservations between prunings of the index's change log (see ``IndexTx.prune_changes``).
+PRUNE_EVERY = 256
 #: Seconds between checks that this backend's owner file is still in place.
 OWNER_CHECK_S = 10.0
 
@@ -60,6 +62,8 @@ class _Write:
 
 class DiskStore(DiskState):
     """Puts of the disk backend (a mixin)."""
+
+    _reservations = 0
 
     def _plan(self, key: CacheEngineKey, value: torch.Tensor) -> _Write:
         rel = self._rel(key)
@@ -194,6 +198,9 @@ class DiskStore(DiskState):
                     tx.delete_pins(unpins)
                 if not self._bound_recorded:  # for inspect: the bound writers enforce
                     tx.set_meta("max_bytes", str(self.max_bytes))
+                self._reservations += 1
+                if self._reservations % PRUNE_EVERY == 0:
+                    tx.prune_changes()
                 if time.monotonic() - self._last_audit >= AUDIT_INTERVAL_S:
                     self._last_audit = time.monotonic()
                     if tx.audit():

@@ -1,0 +1,46 @@
+"""Reads of objects larger than one read request (``READ_PIECE``): every piece lands in
+the caller's buffer (aligned or not) and is checksummed; damage in any piece is a miss."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from disk_testutil import run
+from lmcache_backend_disk import DiskBackend, aligned_empty
+from lmcache_backend_disk import objects as objects_mod
+
+from lmcache_core import CacheEngineKey
+from lmcache_core.testing import random_tensor, same_bits
+
+
+@pytest.mark.parametrize("nbytes", [3 * 65536 + 123, 4 * 65536, 5])
+def test_reads_in_pieces_land_whole_and_are_verified(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nbytes: int
+) -> None:
+    monkeypatch.setattr(objects_mod, "READ_PIECE", 65536)
+
+    async def body() -> None:
+        b = DiskBackend({"path": str(tmp_path / "tier"), "fsync": False})
+        await b.start()
+        try:
+            key = CacheEngineKey("pieces", 1, 0, nbytes, "uint8")
+            value = random_tensor((nbytes,), torch.uint8, seed=nbytes)
+            assert await b.put(key, value)
+            plain = torch.zeros(nbytes + 1, dtype=torch.uint8)[1:]  # never 4 KiB-aligned
+            for out in (aligned_empty((nbytes,), torch.uint8), plain):
+                assert await b.get_into(key, out) and same_bits(out, value)
+            path = os.path.join(b.root, b._rel(key))
+            with open(path, "r+b") as f:  # flip a bit in the last piece
+                f.seek(-1, os.SEEK_END)
+                last = f.read(1)
+                f.seek(-1, os.SEEK_END)
+                f.write(bytes([last[0] ^ 1]))
+            assert not await b.get_into(key, aligned_empty((nbytes,), torch.uint8))
+            assert b.stats()["bad_objects"] == 1
+        finally:
+            await b.close()
+
+    run(body())
