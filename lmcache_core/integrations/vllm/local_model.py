@@ -231,7 +231,7 @@ def _deepseek_v2(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
 
 def _qwen3_next(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
     """Qwen3-Next style hybrid: Gated DeltaNet (linear attention with a recurrent state)
-    layers, full attention every other layer, dense MLPs only (no routed experts)."""
+    layers, full attention every other layer, dense MLPs but in the last layer."""
     n = spec.num_hidden_layers
     cfg = tf.Qwen3NextConfig(
         **common,
@@ -242,7 +242,7 @@ def _qwen3_next(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
         linear_value_head_dim=32,
         linear_num_key_heads=2,
         linear_num_value_heads=4,
-        mlp_only_layers=list(range(n)),
+        mlp_only_layers=list(range(n - 1)),  # vLLM needs one MoE layer
         num_experts=4,
         num_experts_per_tok=2,
         moe_intermediate_size=64,
