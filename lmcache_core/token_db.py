@@ -36,8 +36,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import struct
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from itertools import repeat
+from typing import Any, Literal
 
 import numpy as np
 from xxhash import xxh3_128_digest
@@ -55,6 +57,7 @@ ExtraKeys = Sequence[Any] | Callable[[int, int], Any] | None
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_BIG: Literal["big"] = "big"
 
 
 @functools.lru_cache(maxsize=256)
@@ -219,7 +222,6 @@ class ChunkedTokenDatabase:
             self._hash = xxh3_128_digest if hash_algorithm == "xxh3_128" else _sha256
         ns_digest = hashlib.sha256(namespace.to_json().encode("utf-8")).digest()
         self._h0 = self._hash(b"lmcache-core/h0\x00" + ns_digest)
-        self._full_bytes = 4 * chunk_size
 
     # ------------------------------------------------------------------ helpers
     def _link(self, prev: bytes, n: int, body: Any) -> bytes:
@@ -252,12 +254,14 @@ class ChunkedTokenDatabase:
         return other
 
     # ------------------------------------------------------------------ tokens
-    def _token_bytes(self, tokens: Any) -> bytes | memoryview:
-        """int32 little-endian bytes of ``tokens`` (see the module docstring for the rules)."""
+    def _token_bytes(self, tokens: Any) -> memoryview | np.ndarray:
+        """int32 token ids of ``tokens`` (see the module docstring for the rules): the
+        little-endian bytes of a list, or a one-dimensional integer array whose values are
+        known to fit in int32 (converted when hashed: one copy, not two)."""
         if isinstance(tokens, (list, tuple)):
             return _list_bytes(tokens)
         if isinstance(tokens, np.ndarray):
-            return _array_bytes(tokens)
+            return _checked_array(tokens)
         torch = _torch()
         if torch is not None and isinstance(tokens, torch.Tensor):
             if tokens.dtype == torch.bool or tokens.is_floating_point() or tokens.is_complex():
@@ -270,7 +274,7 @@ class ChunkedTokenDatabase:
                 arr = tokens.detach().cpu().numpy()
             except (TypeError, RuntimeError) as exc:  # a dtype numpy does not have
                 raise TokenTypeError(f"cannot read a {tokens.dtype} tensor: {exc}") from None
-            return _array_bytes(arr)
+            return _checked_array(arr)
         if isinstance(tokens, (str, bytes, bytearray, memoryview, Mapping, set, frozenset)):
             raise TokenTypeError(
                 f"token ids must be a sequence of ints, got {type(tokens).__name__}"
@@ -317,7 +321,7 @@ class ChunkedTokenDatabase:
         The trailing partial chunk is yielded only with ``save_unfull_chunk``.
         """
         data = self._token_bytes(tokens)
-        n = len(data) // 4
+        n = len(data) // 4 if isinstance(data, memoryview) else len(data)
         skip = 0 if mask is None else self._prefix_len(mask, n)
         unfull = self.save_unfull_chunk if save_unfull_chunk is None else save_unfull_chunk
         cs = self.chunk_size
@@ -331,22 +335,30 @@ class ChunkedTokenDatabase:
 
         def body(i: int, start: int, end: int) -> Any:
             """The bytes chunk ``i`` contributes: its tokens, then its extra keys."""
-            raw = data[start * 4 : end * 4]
+            raw = _bytes_of(data, start, end)
             if extra_keys is None:
                 return raw
             return bytes(raw) + encode_extra_keys(_extra_for(extra_keys, i, start, end))
 
         if extra_keys is None and self._fast:
-            # The hot path: no Python-level calls per chunk besides the hash.
-            fb = self._full_bytes
+            # The hot path: every full chunk hashed in one tight loop over a staging
+            # buffer, keys made by C-level maps (no Python-level work per chunk but the
+            # hash and one 16-byte store).
+            digests = _chain_xxh3(p, data, n_full, cs)
+            if digests:
+                p = digests[-1]
+            first = min(skip // cs, n_full)
             new = _tuple_new
-            cls = CacheEngineKey
-            off = 0
-            for start in range(0, n_full * cs, cs):
-                p = xxh3_128_digest(p + data[off : off + fb], cs)
-                off += fb
-                if start + cs > skip:
-                    yield start, start + cs, new(cls, (base, frombytes(p, "big")))
+            yield from zip(
+                range(first * cs, n_full * cs, cs),
+                range(first * cs + cs, n_full * cs + cs, cs),
+                map(
+                    new,
+                    repeat(CacheEngineKey),
+                    zip(repeat(base), map(frombytes, digests[first:], repeat(_BIG))),
+                ),
+                strict=True,
+            )
         else:
             for i, start in enumerate(range(0, n_full * cs, cs)):
                 end = start + cs
@@ -474,8 +486,9 @@ def _list_bytes(tokens: Sequence[Any]) -> memoryview:
     return memoryview(packed)
 
 
-def _array_bytes(arr: np.ndarray) -> memoryview:
-    """int32 bytes of a one-dimensional integer array (any byte order, any stride)."""
+def _checked_array(arr: np.ndarray) -> np.ndarray:
+    """``arr`` itself once it is known to be a one-dimensional integer array whose values
+    fit in int32 (any byte order, any stride); converting it is left to the hashing."""
     if arr.dtype.kind not in "iu":
         raise TokenTypeError(f"token ids must be integers, got dtype {arr.dtype}")
     if arr.ndim != 1:
@@ -485,5 +498,64 @@ def _array_bytes(arr: np.ndarray) -> memoryview:
         low = int(arr.min()) if arr.dtype.kind == "i" else 0
         if low < _INT32_MIN or int(arr.max()) > _INT32_MAX:
             raise TokenInputError("token ids must be in the int32 range [-2**31, 2**31)")
-    arr32 = arr.astype("<i4", copy=False)
-    return np.ascontiguousarray(arr32).data.cast("B")
+    return arr
+
+
+def _bytes_of(data: memoryview | np.ndarray, start: int, end: int) -> bytes | memoryview:
+    """int32 little-endian bytes of tokens ``[start, end)`` of ``data``."""
+    if isinstance(data, memoryview):
+        return data[start * 4 : end * 4]
+    return np.ascontiguousarray(data[start:end], dtype="<i4").tobytes()
+
+
+#: Per-thread staging rows reused by :func:`_chain_xxh3`, by chunk size (a buffer is
+#: grown to the longest prompt seen, up to this many bytes; longer prompts get their own).
+_STAGING_MAX_BYTES = 1 << 20
+_staging = threading.local()
+_HEAD = slice(0, 16)
+
+
+def _staging_rows(n_full: int, cs: int) -> tuple[np.ndarray, list[memoryview]]:
+    """Rows of ``16 + 4 * cs`` bytes for ``n_full`` chunks and one memoryview per row.
+
+    Slicing a memoryview costs about as much as hashing a 1 KiB chunk, so the row views
+    are made once per thread and buffer, not once per call. Each thread has its own
+    buffers: :func:`_chain_xxh3` never yields while it uses them.
+    """
+    cache: dict[int, tuple[np.ndarray, list[memoryview]]] | None = getattr(_staging, "rows", None)
+    if cache is None:
+        cache = _staging.rows = {}
+    hit = cache.get(cs)
+    if hit is not None and len(hit[1]) >= n_full:
+        return hit
+    rows = np.empty((n_full, cs + 4), dtype="<i4")
+    mv = rows.data.cast("B")
+    row = 4 * cs + 16
+    views = [mv[o : o + row] for o in range(0, n_full * row, row)]
+    if rows.nbytes <= _STAGING_MAX_BYTES:
+        cache[cs] = (rows, views)
+    return rows, views
+
+
+def _chain_xxh3(h0: bytes, data: memoryview | np.ndarray, n_full: int, cs: int) -> list[bytes]:
+    """The chain's digests of the first ``n_full`` full chunks: ``xxh3_128(prev || tokens,
+    seed=cs)`` each, ``prev`` starting at ``h0``.
+
+    The tokens are copied once (converting them to int32 little-endian) into rows of a
+    staging array with 16 free bytes in front of each chunk; each step stores the
+    previous digest there and hashes the row in place, so no bytes are concatenated.
+    """
+    if n_full == 0:
+        return []
+    src = np.frombuffer(data, dtype="<i4") if isinstance(data, memoryview) else data
+    rows, views = _staging_rows(n_full, cs)
+    rows[:n_full, 4:] = src[: n_full * cs].reshape(n_full, cs)  # values checked to fit
+    digests: list[bytes] = []
+    append = digests.append
+    p = h0
+    head = _HEAD
+    for r in views[:n_full] if len(views) > n_full else views:
+        r[head] = p
+        p = xxh3_128_digest(r, cs)
+        append(p)
+    return digests

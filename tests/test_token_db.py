@@ -380,3 +380,52 @@ def test_typed_encoding_known_answers() -> None:
     assert encode_extra_keys([True, None, b"x", -1]).hex() == (
         "6c04000000544e6201000000786901000000ff"
     )
+
+
+# ---------------------------------------------------------------------------- hot path
+def _reference_chain(db: ChunkedTokenDatabase, tokens: list[int], cs: int) -> list[int]:
+    """The documented chain, written out plainly: ``h_i = xxh3_128(h_{i-1} || int32le(
+    tokens_i), seed=n_i)``, for comparison with the staged hot path."""
+    from xxhash import xxh3_128_digest
+
+    p, out = db._h0, []
+    for start in range(0, len(tokens) - len(tokens) % cs, cs):
+        p = xxh3_128_digest(p + np.array(tokens[start : start + cs], "<i4").tobytes(), cs)
+        out.append(int.from_bytes(p, "big"))
+    return out
+
+
+def test_staged_hot_path_matches_the_chain_across_lengths_sizes_and_threads() -> None:
+    """The hot path reuses per-thread staging rows (grown to the longest prompt seen, one
+    set per chunk size): a long prompt, then shorter ones, other chunk sizes and other
+    threads must all give the plain chain's hashes, with masks and strided input too."""
+    import threading
+
+    rng = np.random.default_rng(7)
+    dbs = {cs: ChunkedTokenDatabase(chunk_size=cs) for cs in (4, 16, 256)}
+    errors: list[str] = []
+
+    def worker(seed: int) -> None:
+        r = np.random.default_rng(seed)
+        for n in (4096, 100, 4096 + 17, 3, 0, 2048):
+            toks = r.integers(-(2**31), 2**31, n, dtype=np.int64).tolist()
+            for cs, db in dbs.items():
+                ref = _reference_chain(db, toks, cs)
+                for form in (toks, np.array(toks, np.int64), torch.tensor(toks, dtype=torch.int64)):
+                    if hashes(db, form) != ref:
+                        errors.append(f"seed {seed}, n {n}, cs {cs}, {type(form).__name__}")
+                strided = np.repeat(np.array(toks, dtype=">i8"), 2)[::2]
+                if hashes(db, strided) != ref:
+                    errors.append(f"strided, n {n}, cs {cs}")
+                k = n // 2
+                mask = np.array([False] * k + [True] * (n - k), dtype=bool)
+                if hashes(db, toks, mask=mask) != ref[k // cs :]:
+                    errors.append(f"mask, n {n}, cs {cs}")
+
+    threads = [threading.Thread(target=worker, args=(int(s),)) for s in rng.integers(0, 99, 3)]
+    for t in threads:
+        t.start()
+    worker(1)
+    for t in threads:
+        t.join()
+    assert errors == []

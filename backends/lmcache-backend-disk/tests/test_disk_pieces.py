@@ -44,3 +44,50 @@ def test_reads_in_pieces_land_whole_and_are_verified(
             await b.close()
 
     run(body())
+
+
+@pytest.mark.parametrize("nbytes", [3 * 65536 + 123, 4 * 65536, 5])
+def test_direct_writes_preallocate_and_leave_the_exact_size(tmp_path: Path, nbytes: int) -> None:
+    """``O_DIRECT`` puts preallocate the padded file before writing; the published object
+    still has exactly header + data bytes (the padding is cut off) and reads back."""
+
+    async def body() -> None:
+        b = DiskBackend({"path": str(tmp_path / "tier"), "fsync": True})
+        await b.start()
+        try:
+            if not b.direct_io:
+                pytest.skip("this filesystem refuses O_DIRECT")
+            key = CacheEngineKey("prealloc", 1, 0, nbytes, "uint8")
+            value = random_tensor((nbytes,), torch.uint8, seed=nbytes + 1)
+            for src in (value, aligned_empty((nbytes,), torch.uint8).copy_(value)):
+                assert await b.put(key, src)
+                path = os.path.join(b.root, b._rel(key))
+                header = objects_mod.HeaderTemplate(
+                    key.to_string(), b._ns_json, torch.uint8, (nbytes,)
+                )
+                assert os.path.getsize(path) == len(header) + nbytes
+                out = torch.zeros(nbytes, dtype=torch.uint8)
+                assert await b.get_into(key, out) and same_bits(out, value)
+        finally:
+            await b.close()
+
+    run(body())
+
+
+def test_preallocate_allocates_and_refuses_nothing_quietly(tmp_path: Path) -> None:
+    """``_preallocate`` gives the file its size; a descriptor that cannot be allocated
+    (a pipe) raises, as its write would, instead of passing silently."""
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        objects_mod._preallocate(fd, 3 * 4096)
+        assert os.fstat(fd).st_size == 3 * 4096
+    finally:
+        os.close(fd)
+    r, w = os.pipe()
+    try:
+        with pytest.raises(OSError):
+            objects_mod._preallocate(w, 4096)
+    finally:
+        os.close(r)
+        os.close(w)
