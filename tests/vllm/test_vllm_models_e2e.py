@@ -125,6 +125,12 @@ def _run(
         return {"op": "generate", "name": name, "prompts": gen, "max_tokens": max_tokens}
 
     steps = [step("cold"), step("warm")]
+    if max_tokens == 1:
+        # A prefill-only run ends with its prefill: stores finish in the background and
+        # reach the scheduler with a later step's worker report. Let them land first.
+        steps[0]["pause_after_s"] = 0.5
+        settle = {"op": "generate", "name": "settle", "prompts": [{"tokens": c.SHORT}]}
+        steps.insert(1, {**settle, "max_tokens": 2})
     spec: dict[str, Any] = {"engine": engine, "steps": steps, "stats_dir": str(stats)}
     if disk:
         spec["disk_dir"] = str(workdir / f"disk-{name}")
