@@ -130,7 +130,7 @@ def _run(
         # reach the scheduler with a later step's worker report. Let them land first.
         steps[0]["pause_after_s"] = 0.5
         settle = {"op": "generate", "name": "settle", "prompts": [{"tokens": c.SHORT}]}
-        steps.insert(1, {**settle, "max_tokens": 2})
+        steps.insert(1, {**settle, "max_tokens": 1})
     spec: dict[str, Any] = {"engine": engine, "steps": steps, "stats_dir": str(stats)}
     if disk:
         spec["disk_dir"] = str(workdir / f"disk-{name}")
