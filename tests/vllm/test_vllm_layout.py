@@ -248,9 +248,17 @@ def test_sliding_window_and_mla_single_groups_are_accepted() -> None:
 
     sw = describe_layout(*_configs(_spec(sliding_window=64)))
     assert sw.kv_layout == "vllm:cpu:LBHNC:h2:k32:v32" and sw.group_id == 0
-    mla = describe_layout(*_configs(_mla()))
-    assert mla.kv_layout == "vllm:cpu:LBHNC:h1:k576:v0"
+    mla = describe_layout(*_configs(_mla(), device="cuda"))
+    assert mla.kv_layout == "vllm:cuda:LBHNC:h1:k576:v0"
     assert mla.num_kv_heads == 1 and mla.head_size_v == 0
+
+
+def test_mla_on_cpu_gets_no_hits() -> None:
+    """vLLM disables its own prefix caching for MLA on CPU; the connector follows."""
+    from lmcache_core.integrations.vllm.layout import UnrestorableGroups, describe_layout
+
+    with pytest.raises(UnrestorableGroups, match="MLA on CPU"):
+        describe_layout(*_configs(_mla()))
 
 
 def test_mla_cache_views_are_copied_whole() -> None:
