@@ -28,6 +28,7 @@ SMALL: dict[str, list[str]] = {
     "bench_cpu_storm": ["1"],
     "bench_disk": ["--sizes", "4", "--total-mib", "64", "--repeats", "1"],
     "bench_disk_ops": ["--rounds", "1"],
+    "bench_gds": ["--sizes", "4", "--total-mib", "64", "--repeats", "1"],
     "bench_hierarchy": ["--rounds", "3", "--iters", "50"],
     "bench_s3": ["--reps", "1", "--sizes", "4", "--concurrency", "1,4"],
     "bench_sync": ["--rounds", "3", "--block", "10"],

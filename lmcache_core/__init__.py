@@ -3,7 +3,9 @@
 The public API: keys (:class:`CacheEngineKey`, :class:`Namespace`), the token database
 (:class:`ChunkedTokenDatabase`), the object format (:mod:`lmcache_core.format`), the
 backend protocol (:class:`StorageBackend`, :class:`BaseBackend`, :class:`Capabilities`),
-the synchronous facade (:class:`SyncBackend`) and the built-in ``cpu`` backend.
+the backend interface and its optional capabilities (:mod:`lmcache_core.interface`), the
+front door :func:`open_backend`, the synchronous facade (:class:`SyncBackend`) and the
+built-in ``cpu`` backend.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 # Exports are imported lazily (PEP 562): `import lmcache_core` stays cheap (no torch) for
 # the CLI and for vLLM's plugin entry point, which run in processes that may never store KV.
 if TYPE_CHECKING:
-    from .backend import BaseBackend, Capabilities, StorageBackend
+    from .backend import BaseBackend
     from .config import CacheConfig, TierConfig, load_config
     from .default_plugins.cpu import CPUBackend, CPUOptions
     from .errors import (
@@ -30,7 +32,9 @@ if TYPE_CHECKING:
         TokenTypeError,
     )
     from .hierarchy import PrefixLookup, TieredHierarchy
+    from .interface import INTERFACE_VERSION, Capabilities, StorageBackend
     from .keys import FORMAT_VERSION, NAMESPACE_VERSION, CacheEngineKey, Namespace
+    from .open import open_backend
     from .sizes import format_bytes, parse_bytes
     from .sync import IOLoopThread, SyncBackend
     from .token_db import ChunkedTokenDatabase
@@ -44,11 +48,12 @@ _EXPORTS = {
     "CPUOptions": "default_plugins.cpu",
     "CacheConfig": "config",
     "CacheEngineKey": "keys",
-    "Capabilities": "backend",
+    "Capabilities": "interface",
     "ChunkedTokenDatabase": "token_db",
     "ConfigError": "errors",
     "FORMAT_VERSION": "keys",
     "FormatError": "errors",
+    "INTERFACE_VERSION": "interface",
     "IOLoopThread": "sync",
     "KeyFormatError": "errors",
     "LMCacheError": "errors",
@@ -56,7 +61,7 @@ _EXPORTS = {
     "Namespace": "keys",
     "PrefixLookup": "hierarchy",
     "SizeFormatError": "errors",
-    "StorageBackend": "backend",
+    "StorageBackend": "interface",
     "SyncBackend": "sync",
     "TierConfig": "config",
     "TieredHierarchy": "hierarchy",
@@ -64,6 +69,7 @@ _EXPORTS = {
     "TokenTypeError": "errors",
     "format_bytes": "sizes",
     "load_config": "config",
+    "open_backend": "open",
     "parse_bytes": "sizes",
 }
 
@@ -85,6 +91,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "FORMAT_VERSION",
+    "INTERFACE_VERSION",
     "NAMESPACE_VERSION",
     "BackendClosedError",
     "BackendNotStartedError",
@@ -113,5 +120,6 @@ __all__ = [
     "__version__",
     "format_bytes",
     "load_config",
+    "open_backend",
     "parse_bytes",
 ]

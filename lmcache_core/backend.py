@@ -1,6 +1,7 @@
-"""The asynchronous storage-backend protocol.
+"""The base class of storage backends.
 
-Every tier (CPU memory, local disk, S3, GPUDirect Storage, ... and the
+The interface itself (:class:`StorageBackend`, the optional capabilities, the interface
+version) is declared in :mod:`lmcache_core.interface`; it is re-exported here. Every tier (CPU memory, local disk, S3, GPUDirect Storage, ... and the
 :class:`~lmcache_core.TieredHierarchy` itself) implements :class:`StorageBackend`.
 :class:`BaseBackend` provides the life cycle (``start``/``close`` idempotence, closed
 errors), argument checks, statistics and the batched variants; a backend implements the
@@ -32,11 +33,12 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
 from .errors import BackendClosedError, BackendNotStartedError, BufferMismatchError
+from .interface import REQUIRED_METHODS, Capabilities, StorageBackend
 from .keys import CacheEngineKey, Namespace, check_key_size
 
 __all__ = [
@@ -48,68 +50,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What a backend is; drives which contract tests apply and how tiers are used.
-
-    ``persistent``: data survives ``close()`` and reopening. ``shared``: other processes
-    opening the same location see the same data. ``bounded``: a capacity bound
-    (``max_bytes``) is enforced. ``zero_copy``: ``get_into`` fills the caller's buffer
-    without an intermediate copy.
-    """
-
-    persistent: bool = False
-    shared: bool = False
-    bounded: bool = False
-    zero_copy: bool = False
-
-
-@runtime_checkable
-class StorageBackend(Protocol):
-    """The interface every tier implements. All I/O methods are coroutines."""
-
-    name: str
-    capabilities: Capabilities
-
-    async def start(self) -> None: ...
-    async def close(self) -> None: ...
-    async def contains(self, key: CacheEngineKey) -> bool: ...
-    async def get(self, key: CacheEngineKey) -> torch.Tensor | None: ...
-    async def get_into(self, key: CacheEngineKey, out: torch.Tensor) -> bool: ...
-    async def put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool = False) -> bool: ...
-    async def remove(self, key: CacheEngineKey) -> bool: ...
-    async def batched_contains(self, keys: Sequence[CacheEngineKey]) -> list[bool]: ...
-    async def batched_get(self, keys: Sequence[CacheEngineKey]) -> list[torch.Tensor | None]: ...
-    async def batched_get_into(
-        self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor]
-    ) -> list[bool]: ...
-    async def batched_put(
-        self,
-        keys: Sequence[CacheEngineKey],
-        values: Sequence[torch.Tensor],
-        donate: bool = False,
-    ) -> list[bool]: ...
-    def stats(self) -> dict[str, Any]: ...
-
-
-#: Methods every backend class has (those of :class:`StorageBackend`); registration checks
-#: (``plugins --strict``, ``backends``, configuration) name the missing ones.
-REQUIRED_METHODS: tuple[str, ...] = (
-    "start",
-    "close",
-    "contains",
-    "get",
-    "get_into",
-    "put",
-    "remove",
-    "batched_contains",
-    "batched_get",
-    "batched_get_into",
-    "batched_put",
-    "stats",
-)
 
 
 @dataclass

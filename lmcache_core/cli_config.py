@@ -1,6 +1,8 @@
 """``lmcache-core config check|show|schema``.
 
-``check FILE`` validates a configuration (backend names, URL schemes, every option) and
+``check FILE`` validates a configuration (backend names, URL schemes, every option), says
+which namespace its tiers use and warns when a tier other processes can share uses the
+``default`` one, and
 opens nothing: no connection, no file besides FILE, and no ``backend_class`` module is
 imported (its form is checked, its options are not) unless ``--import`` asks for it: importing
 a module runs its code. Installed backends are loaded as usual (their plugins registered
@@ -28,6 +30,7 @@ import yaml
 from .cli import add_output_flags, print_json, rewrite_docs, wants_json
 from .config import CacheConfig, NotImported, load_config, schema_markdown
 from .errors import ConfigError
+from .namespaces import configured_namespace, namespace_label, namespace_warnings
 
 __all__ = ["SCHEMA_BEGIN", "SCHEMA_END", "register", "render_schema_block"]
 
@@ -138,8 +141,18 @@ def run_check(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fail(args, exc)
     skipped = _not_imported(cfg)
+    warnings = namespace_warnings(cfg)
     if wants_json(args):
-        print_json({"ok": True, "file": args.file, "tiers": _summary(cfg), "not_imported": skipped})
+        print_json(
+            {
+                "ok": True,
+                "file": args.file,
+                "namespace": namespace_label(configured_namespace(cfg)),
+                "tiers": _summary(cfg),
+                "not_imported": skipped,
+                "warnings": warnings,
+            }
+        )
     else:
         chain = " -> ".join(
             f"{t.name} ({t.backend}, {t.write_policy}"
@@ -148,6 +161,9 @@ def run_check(args: argparse.Namespace) -> int:
             for t in cfg.tiers
         )
         print(f"{args.file}: OK, {len(cfg.tiers)} tier(s): {chain}")
+        print(f"  namespace: {namespace_label(configured_namespace(cfg))}")
+        for w in warnings:
+            print(f"  warning: {w}")
         if skipped:
             print(
                 f"  backend_class of {', '.join(skipped)} not imported, its options not "

@@ -25,6 +25,7 @@ from typing import Any
 from .cli import add_output_flags, format_table, print_json, wants_json
 from .config import load_config
 from .errors import ConfigError
+from .interface import MaintainableBackend, implements
 from .sizes import format_bytes
 from .stats import read_stats_dir
 
@@ -138,9 +139,8 @@ async def inspect_config(config: Any, read_headers: bool = False) -> list[dict[s
             out.append(row)
             continue
         try:
-            scan = getattr(backend, "scan", None)
-            if callable(scan):
-                row.update(await _scan(scan, read_headers))
+            if implements(backend, MaintainableBackend):
+                row.update(await _scan(backend, read_headers))
             else:
                 stats = backend.stats()
                 row["scannable"] = False
@@ -155,13 +155,13 @@ async def inspect_config(config: Any, read_headers: bool = False) -> list[dict[s
     return out
 
 
-async def _scan(scan: Any, read_headers: bool) -> dict[str, Any]:
+async def _scan(backend: MaintainableBackend, read_headers: bool) -> dict[str, Any]:
     entries = 0
     nbytes = 0
     oldest: float | None = None
     newest: float | None = None
     namespaces: dict[str, int] = {}
-    async for e in scan(read_headers=read_headers):
+    async for e in backend.scan(read_headers=read_headers):
         entries += 1
         nbytes += e.size
         oldest = e.last_access if oldest is None else min(oldest, e.last_access)

@@ -33,8 +33,8 @@ from typing import Any, TextIO
 
 from .cli import add_output_flags, format_table, print_json, wants_json
 from .errors import ConfigError, LMCacheError
+from .interface import EntryChecks, EntryInfo, MaintainableBackend, Reconcilable, implements
 from .keys import CacheEngineKey, Namespace
-from .maintenance import EntryInfo, MaintainableBackend
 from .sizes import format_bytes, parse_bytes
 
 __all__ = ["ProgressBar", "gc_tier", "parse_duration", "register", "verify_tier"]
@@ -205,7 +205,7 @@ async def _each_target(
     for t in targets:
         row: dict[str, Any] = {"tier": t.name}
         backend: Any = t.backend  # a StorageBackend too: started and closed here
-        if not isinstance(t.backend, MaintainableBackend):
+        if not implements(t.backend, MaintainableBackend):
             row["skipped"] = "not a maintainable (persistent) tier"
             rows.append(row)
             continue
@@ -257,11 +257,10 @@ async def verify_tier(
     backend: MaintainableBackend, *, delete: bool = False, bar: ProgressBar | None = None
 ) -> dict[str, Any]:
     """Verify every object of a started tier; report counts and the bad objects."""
-    check = getattr(backend, "check_entry", None)
 
     async def reason(e: EntryInfo) -> str | None:
-        if callable(check):
-            return await check(e)  # type: ignore[no-any-return]
+        if implements(backend, EntryChecks):
+            return await backend.check_entry(e)
         return None if await backend.verify_entry(e) else "verification failed"
 
     checked = nbytes = deleted = 0
@@ -367,9 +366,8 @@ async def gc_tier(
 ) -> dict[str, Any]:
     """Apply ``rules`` to a started tier; report what was (or would be) deleted."""
     report: dict[str, Any] = {"dry_run": rules.dry_run}
-    reconcile = getattr(backend, "reconcile", None)
-    if callable(reconcile) and not rules.dry_run:
-        report["reconciled"] = await reconcile()
+    if implements(backend, Reconcilable) and not rules.dry_run:
+        report["reconciled"] = await backend.reconcile()
     now = time.time()
     keep: list[EntryInfo] = []
     doomed: dict[str, list[EntryInfo]] = {"purged": [], "expired": [], "trimmed": []}

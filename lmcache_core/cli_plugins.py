@@ -21,12 +21,13 @@ from typing import Any
 
 from .cli import add_output_flags, format_table, print_json, rewrite_docs, wants_json
 from .errors import UnknownBackendError
+from .interface import INTERFACE_VERSION, RuntimeNote, implements, supported_interface_range
 from .plugins.backend_options import (
     describe_backend_options,
     options_markdown,
     render_options_blocks,
 )
-from .plugins.checks import backend_class_problems, spec_problems
+from .plugins.checks import backend_class_check, spec_problems
 from .plugins.compat import core_version
 from .plugins.hookspecs import HOOKSPEC_VERSION
 from .plugins.loader import load_plugins
@@ -110,6 +111,8 @@ def plugins_report(reg: BackendRegistry, *, check_classes: bool = False) -> dict
     return {
         "core_version": core_version(),
         "hookspec_version": HOOKSPEC_VERSION,
+        "interface_version": INTERFACE_VERSION,
+        "supported_interface": supported_interface_range(),
         "plugins": plugins,
     }
 
@@ -127,21 +130,39 @@ def _backend_entry(reg: BackendRegistry, spec: BackendSpec) -> dict[str, Any]:
         "status": "ok",
         "error": None,
         "capabilities": None,
+        "interface": None,
         "options": [],
+        "runtime": None,
     }
     try:
         cls = spec.load()
-        caps = getattr(cls, "capabilities", None)
-        if caps is not None and dataclasses.is_dataclass(caps) and not isinstance(caps, type):
-            entry["capabilities"] = dataclasses.asdict(caps)
-        problems = backend_class_problems(cls)
-        if problems:
-            raise TypeError("; ".join(problems))
+        checked = backend_class_check(cls)
+        if checked.capabilities is not None:
+            entry["capabilities"] = dataclasses.asdict(checked.capabilities)
+        entry["interface"] = {
+            "version": checked.interface_version,
+            "optional": checked.optional,
+            "warnings": checked.warnings,
+        }
+        if checked.problems:
+            raise TypeError("; ".join(checked.problems))
         entry["options"] = describe_backend_options(cls)
+        entry["runtime"] = _runtime_note(cls)
     except Exception as exc:  # a broken backend is a row of the report, not a crash
         entry["status"] = "failed"
         entry["error"] = f"{type(exc).__name__}: {exc}"
     return entry
+
+
+def _runtime_note(cls: Any) -> str | None:
+    """What the backend would use in this process, when its class says (an optional
+    ``runtime_note()`` classmethod: the ``gds`` backend names its I/O path)."""
+    if not implements(cls, RuntimeNote):
+        return None
+    try:
+        return str(cls.runtime_note())
+    except Exception as exc:  # a probe that fails is a line of the report
+        return f"unknown ({type(exc).__name__}: {exc})"
 
 
 def backends_report(reg: BackendRegistry, names: list[str] | None = None) -> dict[str, Any]:
@@ -180,7 +201,10 @@ def run_plugins(args: argparse.Namespace) -> int:
         ]
         header = ["PLUGIN", "VERSION", "STATUS", "HOOKS", "BACKENDS", "SCHEMES"]
         print(format_table(rows, header))
-        print(f"\nlmcache-core {report['core_version']}, hook interface {HOOKSPEC_VERSION}")
+        print(
+            f"\nlmcache-core {report['core_version']}, hook interface {HOOKSPEC_VERSION}, "
+            f"backend interface {INTERFACE_VERSION} (loads {supported_interface_range()})"
+        )
         for p in report["plugins"]:
             if p["error"]:
                 print(f"{p['name']}: {p['status']}: {p['error']}")
@@ -215,6 +239,14 @@ def _print_backends_table(report: dict[str, Any]) -> None:
         if b["capabilities"]:
             caps = [k for k, v in b["capabilities"].items() if v]
             print(f"  capabilities: {', '.join(caps) or 'none'}")
+        iface = b["interface"]
+        if iface:
+            print(f"  interface: {iface['version'] or 'undeclared'}")
+            print(f"  optional protocols: {', '.join(iface['optional']) or 'none'}")
+            for w in iface["warnings"]:
+                print(f"  warning: {w}")
+        if b.get("runtime"):
+            print(f"  runtime: {b['runtime']}")
         opt_rows = [
             [o["name"], o["type"], o["default_text"] or None, o["doc"]] for o in b["options"]
         ]

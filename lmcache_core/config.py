@@ -49,6 +49,7 @@ from urllib.parse import SplitResult, urlsplit
 import yaml
 
 from .errors import ConfigError, PluginError
+from .interface import EvictionEvents, check_backend_class, implements
 from .options import build_options, describe_options, option, shown
 from .redaction import REDACTED, redact_url, register_secrets, scrub_text, url_password
 from .token_db import HASH_ALGORITHMS
@@ -57,6 +58,7 @@ __all__ = [
     "DEFAULT_TIERS",
     "REDACTED",
     "CacheConfig",
+    "NamespaceSettings",
     "TierConfig",
     "TierSettings",
     "TopLevelSettings",
@@ -106,6 +108,12 @@ class TopLevelSettings:
         list(DEFAULT_TIERS),
         kind="list",
         doc="Storage tiers, fastest first (see the tier table). Default: one cpu tier.",
+    )
+    namespace: dict[str, Any] | None = option(  # noqa: RUF009
+        None,
+        kind="dict",
+        doc="Whose chunks these are (see the namespace table); a text is its `name`. "
+        "Default: the namespace `default` (the vLLM connector supplies its own).",
     )
 
 
@@ -192,6 +200,19 @@ class WriteSettings:
     )
 
 
+@dataclass(frozen=True)
+class NamespaceSettings:
+    """Keys of the top-level ``namespace`` mapping. Stored objects carry the namespace and
+    a tier serves only chunks of its own: name one for a tier shared between models."""
+
+    model: str = option("", kind="str", doc="Model name recorded in the namespace.")
+    revision: str = option("", kind="str", doc="Model revision (a commit hash, say).")
+    layout: str = option("", kind="str", doc="KV layout (how the stored tensors are arranged).")
+    name: str = option(
+        "", kind="str", doc="An opaque name (a deployment, a tenant) instead of or besides these."
+    )
+
+
 # ---------------------------------------------------------------------------- resolved
 @dataclass(frozen=True)
 class TierConfig:
@@ -216,6 +237,14 @@ class TierConfig:
     retry_backoff_max_ms: float = 30000.0
     #: Names of options whose value came from ``$env`` (``"url"`` also when the URL did).
     env_options: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+
+    @property
+    def capabilities(self) -> Any:
+        """The backend class's :class:`~lmcache_core.interface.Capabilities`, or ``None``
+        when its ``backend_class`` was not imported."""
+        if self.backend_cls is NotImported:
+            return None
+        return self.backend_cls.capabilities
 
     def create_backend(self, namespace: Any = None) -> Any:
         """A new, unstarted backend instance for this tier (no I/O)."""
@@ -281,6 +310,9 @@ class CacheConfig:
     stats_dir: str | None = None
     stats_interval_s: float = 5.0
     drain_timeout_s: float = 10.0
+    #: The ``namespace`` section; ``None`` when the configuration names none (the hierarchy
+    #: then uses the visible ``default`` namespace, see :mod:`lmcache_core.namespaces`).
+    namespace: NamespaceSettings | None = None
     #: Config paths whose value came from ``{"$env": NAME}``, with the variable name.
     env_paths: Mapping[str, str] = field(default_factory=dict, repr=False)
     #: Where the configuration was read from (a file path), if anywhere.
@@ -312,7 +344,10 @@ class CacheConfig:
         """
         out: dict[str, Any] = {}
         for f in dataclasses.fields(TopLevelSettings):
-            if f.name != "tiers":
+            if f.name == "namespace":
+                ns = self.namespace
+                out[f.name] = None if ns is None else {k: _plain(v) for k, v in vars(ns).items()}
+            elif f.name != "tiers":
                 out[f.name] = _plain(getattr(self, f.name))
         if redact and self.hash_salt is not None:
             out["hash_salt"] = REDACTED
@@ -479,13 +514,25 @@ def _load(
         raise ConfigError(f"the configuration must be a mapping, got {type(resolved).__name__}")
     hidden = frozenset(env_paths)
     _check_keys(TopLevelSettings, resolved, "")
+    if isinstance(resolved.get("namespace"), str):  # a text is the namespace's name
+        resolved = {**resolved, "namespace": {"name": resolved["namespace"]}}
     top = build_options(TopLevelSettings, resolved, path="", hidden=hidden)
     if top.hash_salt is not None:
         secrets.append(top.hash_salt)
         if not top.hash_salt:
             raise ConfigError("must not be empty (leave it out for no salt)", "hash_salt")
     tiers = _build_tiers(top.tiers, registry, hidden, import_classes, secrets)
-    return CacheConfig(
+    namespace = None
+    if top.namespace is not None:
+        _check_keys(NamespaceSettings, top.namespace, "namespace")
+        namespace = build_options(NamespaceSettings, top.namespace, path="namespace", hidden=hidden)
+        if not any(vars(namespace).values()):
+            raise ConfigError(
+                "names nothing: give a model (and revision, layout) or a name, "
+                "or leave the section out for the 'default' namespace",
+                "namespace",
+            )
+    cfg = CacheConfig(
         tiers=tiers,
         chunk_size=top.chunk_size,
         hash_algorithm=top.hash_algorithm,
@@ -493,9 +540,14 @@ def _load(
         stats_dir=top.stats_dir,
         stats_interval_s=top.stats_interval_s,
         drain_timeout_s=top.drain_timeout_s,
+        namespace=namespace,
         env_paths=env_paths,
         source=origin,
     )
+    from .namespaces import configured_namespace
+
+    configured_namespace(cfg)  # a namespace too large for an object header is refused here
+    return cfg
 
 
 #: A configuration nested deeper than this is refused (real ones are ~5 levels deep).
@@ -728,8 +780,8 @@ def _build_tiers(
             )
         if write.policy == "back":
             above = out[i - 1]
-            if above.backend_cls is not NotImported and not callable(
-                getattr(above.backend_cls, "set_eviction_listener", None)
+            if above.backend_cls is not NotImported and not implements(
+                above.backend_cls, EvictionEvents
             ):
                 raise ConfigError(
                     f"write-back needs the tier above ({above.name!r}, backend {above.backend!r}) to "
@@ -815,14 +867,9 @@ def _resolve_backend(
         cls_where = spec_where
     else:
         raise ConfigError("required: a backend name or URL (or backend_class)", f"{where}.backend")
-    from .backend import REQUIRED_METHODS  # here: torch is imported with the class anyway
-
-    missing = [m for m in REQUIRED_METHODS if not callable(getattr(cls, m, None))]
-    if missing:
-        raise ConfigError(
-            f"{cls.__module__}.{cls.__qualname__} is not a storage backend (missing {missing})",
-            cls_where,
-        )
+    checked = check_backend_class(cls)
+    if checked.problems:
+        raise ConfigError("; ".join(checked.problems), cls_where)
     opts_cls = getattr(cls, "Options", None)
     if not (isinstance(opts_cls, type) and dataclasses.is_dataclass(opts_cls)):
         raise ConfigError(
@@ -832,12 +879,14 @@ def _resolve_backend(
         fields = {f.name for f in dataclasses.fields(opts_cls)}
         parts = _split_url(url, f"{where}.backend", f"{where}.backend" in hidden)
         scheme = parts.scheme
-        target = (
-            "url"
-            if "url" in fields
-            else ("path" if scheme == "file" and "path" in fields else None)
-        )
+        target = "url" if "url" in fields else ("path" if "path" in fields else None)
         rest = url.split("://", 1)[1]
+        if target == "path" and parts.netloc not in ("", "localhost"):
+            raise ConfigError(
+                f"a {scheme}:// URL names a local path and no host: write "
+                f"{scheme}:///absolute/path (three slashes)",
+                f"{where}.backend",
+            )
         if target is None and rest.strip("/"):
             raise ConfigError(
                 f"backend {backend_name!r} takes no url option; write backend: "
@@ -892,6 +941,8 @@ def _table(cls: type[Any], prefix: str = "") -> str:
             default = str(o["default"]).lower()
         if o["name"] == "tiers":
             default = "one cpu tier"
+        elif o["name"] == "namespace" and not prefix:
+            kind = "dict or str"
         elif o["type"] == "dict" and default == "{}":
             default = "{}"
         cell = f"`{default}`" if default else ""
@@ -909,4 +960,6 @@ def schema_markdown() -> str:
         + _table(TierSettings)
         + "\n### Write keys (a tier's `write`)\n\n"
         + _table(WriteSettings, "write.")
+        + "\n### Namespace keys (the top-level `namespace`)\n\n"
+        + _table(NamespaceSettings, "namespace.")
     )

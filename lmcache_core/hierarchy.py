@@ -57,8 +57,17 @@ import torch
 from .backend import BaseBackend, Capabilities
 from .config import CacheConfig, load_config
 from .errors import ConfigError
+from .interface import (
+    EvictionEvents,
+    ThreadSafeContains,
+    ThreadSafeLoads,
+    ThreadSafePuts,
+    implements,
+    pins_do_io,
+)
 from .keys import CacheEngineKey, Namespace
 from .memory import copy_into
+from .namespaces import namespace_label, namespace_warnings, resolve_namespace
 from .stats import LatencyReservoir, StatsFileWriter
 from .tiering.leases import LeaseTable
 from .tiering.staging import CopyBudget, StagedChunk, StagingPool
@@ -184,6 +193,10 @@ class TieredHierarchy(BaseBackend):
         name: str = "hierarchy",
     ) -> None:
         cfg = config if config is not None else load_config(None)
+        if namespace is None:
+            for warning in namespace_warnings(cfg):
+                log.warning("%s", warning)
+        namespace = resolve_namespace(cfg, namespace)
         super().__init__(cfg, namespace=namespace, name=name)
         self.config = cfg
         if backends is None:
@@ -220,7 +233,10 @@ class TieredHierarchy(BaseBackend):
     ) -> TieredHierarchy:
         """Build from a :class:`CacheConfig`, a mapping, a file path or ``None`` (one cpu
         tier). ``registry`` resolves backend names (default: the process-wide registry).
-        Nothing is opened until :meth:`start`."""
+        ``namespace`` is whose chunks these are: without it, the configuration's
+        ``namespace`` section, else the namespace ``default`` (a field set in both must
+        agree: :func:`~lmcache_core.namespaces.resolve_namespace`). Nothing is opened
+        until :meth:`start`."""
         return cls(load_config(config, registry=registry), namespace=namespace, name=name)
 
     def _derive_capabilities(self) -> Capabilities:
@@ -252,7 +268,7 @@ class TieredHierarchy(BaseBackend):
         for i, t in enumerate(self.tiers):
             below = self.tiers[i + 1] if i + 1 < len(self.tiers) else None
             write_back = below if below is not None and below.policy == "back" else None
-            if callable(getattr(t.backend, "set_eviction_listener", None)):
+            if implements(t.backend, EvictionEvents):
                 t.backend.set_eviction_listener(self._make_eviction_event(t, write_back))
         if self.config.stats_dir is not None:
             self._stats_writer = StatsFileWriter(
@@ -270,9 +286,8 @@ class TieredHierarchy(BaseBackend):
         deadline = time.monotonic() + self.config.drain_timeout_s
         for t in self.tiers:
             await t.close(max(0.0, deadline - time.monotonic()))
-            listener = getattr(t.backend, "set_eviction_listener", None)
-            if callable(listener):
-                listener(None)
+            if implements(t.backend, EvictionEvents):
+                t.backend.set_eviction_listener(None)
         if self._stats_writer is not None:
             await self._stats_writer.stop()
             self._stats_writer = None
@@ -630,7 +645,11 @@ class TieredHierarchy(BaseBackend):
         if self._state != "started":
             return None
         top = self.tiers[0]
-        fast = getattr(top.backend, "try_batched_get_into_threadsafe", None)
+        fast = (
+            top.backend.try_batched_get_into_threadsafe
+            if implements(top.backend, ThreadSafeLoads)
+            else None
+        )
         if fast is None or top.load_deadline is not None or not top.health.usable():
             return None
         try:
@@ -657,7 +676,7 @@ class TieredHierarchy(BaseBackend):
         by a tier that cannot (the async path asks again), ``None`` overall when nothing
         was decided. A store still queued for a tier counts as present, as on the loop.
         A race with a store moving through a tier's queue can only make this miss a key,
-        never invent one. See :class:`~lmcache_core.sync.ThreadSafeFastPaths`."""
+        never invent one. See :class:`~lmcache_core.interface.ThreadSafeLookups`."""
         if self._state != "started":
             return None
         out: list[bool | None] = [False] * len(keys)
@@ -704,7 +723,11 @@ class TieredHierarchy(BaseBackend):
 
     def _fast_tiers_for(self, t: Tier) -> Any:
         """``t``'s ``try_batched_contains_threadsafe`` when it may be called now, else ``None``."""
-        fast = getattr(t.backend, "try_batched_contains_threadsafe", None)
+        fast = (
+            t.backend.try_batched_contains_threadsafe
+            if implements(t.backend, ThreadSafeContains)
+            else None
+        )
         if fast is None or not t.started or t.health.consecutive_errors:
             return None
         return fast
@@ -720,15 +743,15 @@ class TieredHierarchy(BaseBackend):
 
     def _threadsafe_pins(self, blocking: bool = True) -> bool:
         """Whether every tier that pins does so safely from any thread (a backend with a
-        thread-safe lookup fast path has thread-safe ``pin``/``unpin`` too, as the
-        :class:`~lmcache_core.sync.ThreadSafeFastPaths` protocol says); with
-        ``blocking=False``, also without I/O that may wait (a backend whose pins are
-        index transactions says so with ``pins_do_io = True``, as the disk backend)."""
+        thread-safe lookup fast path has thread-safe ``pin``/``unpin`` too, as
+        :class:`~lmcache_core.interface.ThreadSafeContains` says); with ``blocking=False``,
+        also without I/O that may wait (a backend whose pins are index transactions
+        declares it: :func:`~lmcache_core.interface.pins_do_io`, as the disk backend)."""
         return all(
             not t.can_pin
             or (
-                hasattr(t.backend, "try_batched_contains_threadsafe")
-                and (blocking or not getattr(t.backend, "pins_do_io", False))
+                implements(t.backend, ThreadSafeContains)
+                and (blocking or not pins_do_io(t.backend))
             )
             for t in self.tiers
         )
@@ -854,7 +877,11 @@ class TieredHierarchy(BaseBackend):
         if self._state != "started":
             return None
         top = self.tiers[0]
-        fast = getattr(top.backend, "try_batched_put_threadsafe", None)
+        fast = (
+            top.backend.try_batched_put_threadsafe
+            if implements(top.backend, ThreadSafePuts)
+            else None
+        )
         if (
             fast is None
             or not top.started
@@ -887,6 +914,7 @@ class TieredHierarchy(BaseBackend):
         d["rejected_puts"] += fast_stats.rejected_puts
         d["bytes_written"] += fast_stats.put_bytes
         d["lookup_latency"] = self._lookup_latency.as_dict()
+        d["namespace"] = namespace_label(self.namespace)
         d["leases"] = len(self.leases)
         d["pending_stores"] = sum(t.writer.depth for t in self.tiers)
         tiers = []

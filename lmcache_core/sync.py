@@ -8,8 +8,10 @@ its own loop would deadlock, so it raises instead.
 Fast paths: a round trip to the IO thread (``run_coroutine_threadsafe``, a loop wake-up,
 a wake-up of the caller) costs 40-200 us here, as much as copying a 4 MiB chunk out of
 memory and a hundred times a dictionary lookup. A backend that can answer some calls
-safely from any thread provides the optional methods of :class:`ThreadSafeFastPaths`;
-``SyncBackend`` tries them first, in the calling thread, and sends only what they leave
+safely from any thread implements the optional protocols of
+:mod:`lmcache_core.interface` (:class:`~lmcache_core.interface.ThreadSafeLoads`,
+``ThreadSafeContains``, ``ThreadSafePuts``, ``ThreadSafeLookups``); ``SyncBackend`` tries
+them first, in the calling thread, and sends only what they leave
 undecided to the IO loop, in one hop per call (a batch included). The ``cpu`` backend
 implements the loads, lookups and stores; the tiered hierarchy implements each of them
 when the tiers involved can answer so (top-tier loads, lookups and leases over tiers that
@@ -22,17 +24,25 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from .backend import StorageBackend
+from .interface import (
+    PrefixLookups,
+    StorageBackend,
+    ThreadSafeContains,
+    ThreadSafeLoads,
+    ThreadSafeLookups,
+    ThreadSafePuts,
+    implements,
+)
 from .keys import CacheEngineKey
 
 if TYPE_CHECKING:
     from .hierarchy import PrefixLookup
 
-__all__ = ["IOLoopThread", "SyncBackend", "ThreadSafeFastPaths"]
+__all__ = ["IOLoopThread", "SyncBackend"]
 
 T = TypeVar("T")
 
@@ -91,60 +101,14 @@ class IOLoopThread:
                 self._thread.join(timeout)
 
 
-class ThreadSafeFastPaths(Protocol):
-    """Optional backend methods callable from any thread, without the backend's event loop.
-
-    A backend provides any subset of them (``SyncBackend`` looks each up by name); none
-    is part of :class:`~lmcache_core.StorageBackend`. Each must be safe to call from
-    several threads at once while the event loop runs the backend's other operations,
-    must never block on I/O or wait for the loop, and must give the same answers and
-    leave the same state as its async counterpart. Per item, a result of ``None`` means
-    "not decided here": the caller then asks the async method about those items only.
-    ``None`` overall means nothing was done (the backend is not started, say), and the
-    async method will raise the right error if there is one.
-
-    A backend that provides ``try_batched_contains_threadsafe`` and can pin (``pin`` /
-    ``unpin`` / ``pin_many`` / ``unpin_many``) declares those pin methods thread-safe as
-    well: the hierarchy takes and ends leases from its callers' threads on that basis.
-    """
-
-    def try_batched_get_into_threadsafe(
-        self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor]
-    ) -> list[bool | None] | None:
-        """``batched_get_into``: ``True`` loaded into the buffer, ``False`` not stored."""
-        ...
-
-    def try_batched_contains_threadsafe(
-        self, keys: Sequence[CacheEngineKey]
-    ) -> list[bool | None] | None:
-        """``batched_contains``: ``True``/``False`` per key."""
-        ...
-
-    def try_batched_put_threadsafe(
-        self, keys: Sequence[CacheEngineKey], values: Sequence[torch.Tensor], donate: bool = False
-    ) -> list[bool | None] | None:
-        """``batched_put``: ``True`` stored, ``False`` refused. Pairs after the first
-        undecided one must be left undecided (the async path then stores them in order)."""
-        ...
-
-    def try_lookup_prefix_threadsafe(
-        self, keys: Sequence[CacheEngineKey], lease_s: float | None = None
-    ) -> PrefixLookup | None:
-        """``lookup_prefix`` (the hierarchy's), all or nothing: ``None`` takes no lease."""
-        ...
-
-    def try_release_threadsafe(self, keys: Sequence[CacheEngineKey]) -> int | None:
-        """``release`` (the hierarchy's), all or nothing."""
-        ...
-
-
 class SyncBackend:
     """Blocking facade over an async backend, running every call on one IO thread.
 
     ``SyncBackend(backend)`` owns a new :class:`IOLoopThread` (stopped by :meth:`close`);
     pass ``loop_thread`` to share one. ``submit`` returns a future for callers that do not
     want to block (saving KV in the background, for example). Calls first try the
-    backend's :class:`ThreadSafeFastPaths` (never from the IO thread itself).
+    backend's thread-safe capabilities (:mod:`lmcache_core.interface`), never from the IO
+    thread itself.
     """
 
     def __init__(
@@ -158,11 +122,19 @@ class SyncBackend:
         self.io = loop_thread or IOLoopThread()
         self.timeout = timeout
         self._loop_tid = self.io.thread_id
-        self._fast_get = getattr(backend, "try_batched_get_into_threadsafe", None)
-        self._fast_contains = getattr(backend, "try_batched_contains_threadsafe", None)
-        self._fast_put = getattr(backend, "try_batched_put_threadsafe", None)
-        self._fast_lookup = getattr(backend, "try_lookup_prefix_threadsafe", None)
-        self._fast_release = getattr(backend, "try_release_threadsafe", None)
+        b: object = backend
+        self._fast_get = (
+            b.try_batched_get_into_threadsafe if implements(b, ThreadSafeLoads) else None
+        )
+        self._fast_contains = (
+            b.try_batched_contains_threadsafe if implements(b, ThreadSafeContains) else None
+        )
+        self._fast_put = b.try_batched_put_threadsafe if implements(b, ThreadSafePuts) else None
+        self._fast_lookup = None
+        self._fast_release = None
+        if implements(b, ThreadSafeLookups):
+            self._fast_lookup = b.try_lookup_prefix_threadsafe
+            self._fast_release = b.try_release_threadsafe
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.io.run(coro, self.timeout)
@@ -240,7 +212,7 @@ class SyncBackend:
             rest = self._run(self.backend.batched_contains([keys[i] for i in todo]))
             for i, hit in zip(todo, rest, strict=True):
                 res[i] = hit
-        return res  # type: ignore[no-any-return]
+        return res  # type: ignore[return-value]
 
     def batched_get(self, keys: Sequence[CacheEngineKey]) -> list[torch.Tensor | None]:
         return self._run(self.backend.batched_get(keys))
@@ -278,7 +250,7 @@ class SyncBackend:
             )
             for i, ok in zip(todo, rest, strict=True):
                 res[i] = ok
-        return res  # type: ignore[no-any-return]
+        return res  # type: ignore[return-value]
 
     def lookup_prefix(
         self, keys: Sequence[CacheEngineKey], lease_s: float | None = None
@@ -290,10 +262,13 @@ class SyncBackend:
             res: PrefixLookup | None = fast(keys, lease_s)
             if res is not None:
                 return res
-        lookup = getattr(self.backend, "lookup_prefix", None)
-        if lookup is None:
-            raise TypeError(f"backend {self.backend.name!r} has no lookup_prefix")
-        result: PrefixLookup = self._run(lookup(keys, lease_s=lease_s))
+        backend: object = self.backend
+        if not implements(backend, PrefixLookups):
+            raise TypeError(
+                f"backend {self.backend.name!r} does not implement PrefixLookups "
+                "(lookup_prefix, release)"
+            )
+        result: PrefixLookup = self._run(backend.lookup_prefix(keys, lease_s=lease_s))
         return result
 
     def release(self, keys: Sequence[CacheEngineKey]) -> int:
@@ -303,10 +278,13 @@ class SyncBackend:
             n: int | None = fast(keys)
             if n is not None:
                 return n
-        release = getattr(self.backend, "release", None)
-        if release is None:
-            raise TypeError(f"backend {self.backend.name!r} has no release")
-        ended: int = self._run(release(keys))
+        backend: object = self.backend
+        if not implements(backend, PrefixLookups):
+            raise TypeError(
+                f"backend {self.backend.name!r} does not implement PrefixLookups "
+                "(lookup_prefix, release)"
+            )
+        ended: int = self._run(backend.release(keys))
         return ended
 
     def stats(self) -> dict[str, Any]:

@@ -243,6 +243,16 @@ class ScannableBackend(BaseBackend):
             yield EntryInfo(location=p.name, size=st.st_size, last_access=st.st_mtime,
                             namespace="raw" if read_headers else None)  # fmt: skip
 
+    async def verify_entry(self, entry: EntryInfo) -> bool:
+        return (self.root / entry.location).is_file()  # raw bytes: nothing more to check
+
+    async def delete_entry(self, entry: EntryInfo) -> bool:
+        try:
+            (self.root / entry.location).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
 
 class HierarchyTestPlugin:
     """The in-test plugin: registers the backends above through the real hook."""

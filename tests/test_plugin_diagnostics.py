@@ -129,8 +129,8 @@ def test_install_hints_name_only_distributions_that_exist():
         "  disk: pip install ./backends/lmcache-backend-disk (in an lmcache-core checkout)"
         in res.stdout
     )
-    assert "gds" not in res.stdout
-    unknown = run("backends", "gds", env={"LMCACHE_CORE_DISABLE_PLUGINS": "*"})
+    assert "redis" not in res.stdout
+    unknown = run("backends", "redis", env={"LMCACHE_CORE_DISABLE_PLUGINS": "*"})
     assert unknown.returncode == 1 and "pip install" not in unknown.stderr
 
 
@@ -162,7 +162,13 @@ def test_strict_plugins_fails_on_a_class_that_is_not_a_backend(tmp_path):
     write_dist_info(tmp_path, "lmcfix-hollow", "lmcfix_not_a_backend")
     strict = run("plugins", "--strict", "--json", path=tmp_path)
     assert strict.returncode == 1
-    missing, no_options = by_name(json.loads(strict.stdout)["plugins"], "lmcfix-hollow")["problems"]
+    missing, no_capabilities, no_options = by_name(
+        json.loads(strict.stdout)["plugins"], "lmcfix-hollow"
+    )["problems"]
+    assert no_capabilities == (
+        "backend 'hollow': lmcfix_backend.NoOptionsBackend.capabilities must be a "
+        "lmcache_core.interface.Capabilities (got NoneType)"
+    )
     assert missing.startswith(
         "backend 'hollow': lmcfix_backend.NoOptionsBackend is not a storage backend: missing "
         "start, close, contains"

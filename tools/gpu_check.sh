@@ -38,4 +38,30 @@ run_tests() {  # pytest when available, else the files' own runners
 echo "== vLLM connector: block copies (one strided view, pinned staging, side stream)"
 run_tests tests/vllm/test_vllm_copies.py
 
+echo "== gds backend: device tensors <-> NVMe files through kvikio (cuFile), and its fallback"
+# kvikio wheels are carried in (no network): put kvikio_cu12-*.whl, libkvikio_cu12-*.whl
+# and their nvidia-* / cuda-* dependency wheels in $KVIKIO_WHEELS (default tools/wheels).
+# Without them the kvikio tests skip with the reason and the host-staged path still runs.
+WHEELS=${KVIKIO_WHEELS:-tools/wheels}
+"$VENV/bin/pip" install -q --no-deps --no-build-isolation -e backends/lmcache-backend-disk \
+  -e backends/lmcache-backend-gds 2>/dev/null || \
+  export PYTHONPATH="$PWD/backends/lmcache-backend-disk/src:$PWD/backends/lmcache-backend-gds/src${PYTHONPATH:+:$PYTHONPATH}"
+if ! "$VENV/bin/python" -c "import kvikio" 2>/dev/null && ls "$WHEELS"/*kvikio*.whl >/dev/null 2>&1; then
+  "$VENV/bin/pip" install -q --no-index --find-links "$WHEELS" kvikio-cu12 || \
+    "$VENV/bin/pip" install -q --no-index --find-links "$WHEELS" kvikio-cu13 || \
+    echo "(kvikio wheels in $WHEELS did not install: the kvikio tests will skip)"
+fi
+"$VENV/bin/python" - <<'PYEOF'
+from lmcache_backend_gds.runtime import probe
+print("gds I/O path here:", probe(None).text())
+PYEOF
+if "$VENV/bin/python" -c "import pytest" 2>/dev/null; then
+  run_tests backends/lmcache-backend-gds/tests/test_gds_cuda.py -rs
+  # the cpu backend's pinned-memory contract tests (pinned host buffers need CUDA)
+  run_tests tests/test_contract_builtin.py tests/test_cpu_backend.py -k "Pinned or pinned" -rs
+else
+  echo "(no pytest here: the gds CUDA tests and the pinned cpu contract tests did NOT run)"
+fi
+"$VENV/bin/python" benchmarks/gds_gpu_throughput.py --total-mib 1024
+
 echo "gpu_check: all sections passed in $(( $(date +%s) - START )) s"

@@ -21,5 +21,5 @@ def lmcache_register_backends(registry: BackendRegistry) -> None:
         "lmcache_core.default_plugins.cpu:CPUBackend",
         name="cpu",
         schemes=("cpu", "memory"),
-        install_hint="pip install lmcache-core",
+        install_hint="pip install -e . (in an lmcache-core checkout)",
     )

@@ -17,7 +17,7 @@
   leases use them). ``try_batched_get_into_threadsafe``, ``try_batched_contains_threadsafe``
   and ``try_batched_put_threadsafe`` serve loads, lookups and stores from any thread
   without the event loop (:class:`~lmcache_core.SyncBackend` uses them; see
-  :class:`~lmcache_core.sync.ThreadSafeFastPaths`): the index, reference counts and byte
+  the thread-safe protocols of :mod:`lmcache_core.interface`): the index, reference counts and byte
   accounting are guarded by a lock that the loop-side bookkeeping also takes; the copies
   themselves run outside it, into buffers no reader can see yet.
 """
@@ -29,7 +29,7 @@ import itertools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ import torch
 
 from ..backend import BaseBackend, Capabilities
 from ..errors import BufferMismatchError, ConfigError, KeyFormatError
+from ..interface import EvictionListener
 from ..keys import CacheEngineKey, Namespace, check_key_size
 from ..memory import copy_into
 from ..options import build_options, option
@@ -47,9 +48,6 @@ __all__ = ["CPUBackend", "CPUOptions"]
 log = logging.getLogger("lmcache_core.cpu")
 
 _KEY_TYPES = {CacheEngineKey}
-
-#: ``listener(key, tensor) -> bool | None``; returning ``True`` takes the tensor's memory.
-EvictionListener = Callable[[CacheEngineKey, torch.Tensor], "bool | None"]
 
 
 @dataclass(frozen=True)
@@ -133,6 +131,7 @@ class CPUBackend(BaseBackend):
 
     Options = CPUOptions
     capabilities = Capabilities(bounded=True, zero_copy=False)
+    interface_version = "1.0"  # the lmcache_core.interface version it implements
     # Counters of stores made from other threads (try_batched_put_threadsafe), under _lock.
     _thread_puts = 0
     _thread_put_bytes = 0
@@ -544,7 +543,7 @@ class CPUBackend(BaseBackend):
         One acquisition of the index lock for the whole batch. ``None`` overall when the
         backend is not started or a key is not a :class:`CacheEngineKey` (the async
         ``batched_contains`` then raises the right error). Part of the thread-safe fast
-        paths (:class:`~lmcache_core.sync.ThreadSafeFastPaths`): the ``pin``/``unpin``
+        paths (:class:`~lmcache_core.interface.ThreadSafeContains`): the ``pin``/``unpin``
         family of this backend is safe from any thread too.
         """
         if self._state != "started":

@@ -45,6 +45,7 @@ log = logging.getLogger("lmcache_core.plugins")
 KNOWN_BACKENDS: dict[str, str] = {
     "cpu": "lmcache-core",
     "disk": "lmcache-backend-disk",
+    "gds": "lmcache-backend-gds",
     "s3": "lmcache-backend-s3",
 }
 #: URL schemes of first-party backends and the backend name that handles each.
@@ -175,6 +176,9 @@ class BackendRegistry:
     ) -> None:
         """Register ``target`` (a class or ``"pkg.mod:Class"``) under ``name``.
 
+        A class is checked against the backend interface at once (a ``PluginError``
+        names what is missing); a ``"pkg.mod:Class"`` target is checked when first
+        imported (configuration, ``backends``, ``plugins --strict``).
         ``schemes`` are URL schemes the backend handles (``s3`` for ``s3://bucket``).
         Registering a name or scheme that is already taken raises
         :class:`~lmcache_core.errors.DuplicateBackendError` naming both providers, unless
@@ -193,6 +197,12 @@ class BackendRegistry:
             raise PluginError(
                 f"backend {name!r}: target must be a class or 'pkg.mod:Class', got {target!r}"
             )
+        else:
+            from .checks import backend_class_problems
+
+            problems = backend_class_problems(target)
+            if problems:
+                raise PluginError(f"backend {name!r}: {'; '.join(problems)}")
         if isinstance(schemes, str):
             schemes = (schemes,)
         prov = provider or self.current_provider
@@ -258,12 +268,21 @@ class BackendRegistry:
         return name in self._specs
 
     def for_scheme(self, scheme: str) -> BackendSpec:
-        """The spec of the backend that handles URL scheme ``scheme`` (``s3``, ``file``)."""
+        """The spec of the backend that handles URL scheme ``scheme`` (``s3``, ``file``).
+
+        A backend's name is a scheme for it too (``disk:///path``) unless another backend
+        registered that scheme."""
         if scheme in self._schemes:
             return self._specs[self._schemes[scheme]]
+        if scheme in self._specs:
+            return self._specs[scheme]
         msg = (
             f"no backend handles URL scheme {scheme!r}; registered schemes: {sorted(self._schemes)}"
         )
+        if scheme not in KNOWN_SCHEMES:
+            close = difflib.get_close_matches(scheme, [*self._schemes, *self._specs], n=1)
+            if close:
+                msg += f"; did you mean {close[0]!r}?"
         known = KNOWN_SCHEMES.get(scheme)
         msg += self._provider_note(scheme, KNOWN_BACKENDS[known] if known else None)
         raise UnknownBackendError(msg)

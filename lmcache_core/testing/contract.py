@@ -747,7 +747,7 @@ class ProcessContract(_Base):
     def test_writer_killed_mid_put_leaves_no_partial_object(
         self, backend_factory: Factory, backend_spec: dict[str, Any]
     ) -> None:
-        from ..maintenance import MaintainableBackend
+        from ..interface import EntryChecks, MaintainableBackend, implements
         from .worker import killed_writer_candidates, shared_key
 
         rng = random.Random(7)
@@ -770,11 +770,10 @@ class ProcessContract(_Base):
                     assert got is None or any(
                         same_bits(got, c) for c in killed_writer_candidates(j)
                     ), f"key {j}: a partial or mixed object was served"
-                if isinstance(b, MaintainableBackend):
-                    check = getattr(b, "check_entry", None)
+                if implements(b, MaintainableBackend):
                     async for e in b.scan():
-                        if callable(check):
-                            why = await check(e)
+                        if implements(b, EntryChecks):
+                            why = await b.check_entry(e)
                             assert why in (None, "missing"), f"{e.location}: {why}"
                         else:
                             assert await b.verify_entry(e), e.location

@@ -21,6 +21,7 @@ import torch
 
 from ..config import TierConfig
 from ..errors import BufferMismatchError, ConfigError
+from ..interface import BatchedPinning, Pinning, PrefixContains, implements
 from ..keys import CacheEngineKey
 from ..stats import TierStats
 from .admission import BoundedKeySet, SightingCounter
@@ -84,13 +85,10 @@ class Tier:
             concurrency=cfg.write_concurrency,
             name=cfg.name,
         )
-        self.can_pin = callable(getattr(backend, "pin", None)) and callable(
-            getattr(backend, "unpin", None)
-        )
+        self.can_pin = implements(backend, Pinning)
         self.started = False
         self._abandoned = 0
-        caps = getattr(backend, "capabilities", None)
-        self._memory_tier = not getattr(caps, "persistent", False)
+        self._memory_tier = not backend.capabilities.persistent
 
     # ------------------------------------------------------------------ life cycle
     async def start(self) -> None:
@@ -242,9 +240,10 @@ class Tier:
         ``contains_prefix(keys) -> int`` (how many leading keys it holds; the byte-store
         base has one: ``ceil(log2(n)) + 1`` requests) answers for the leading keys only,
         the rest reported missing."""
-        native = getattr(self.backend, "contains_prefix", None)
-        if not callable(native):
+        backend = self.backend
+        if not implements(backend, PrefixContains):
             return await self.batched_contains(keys)
+        native = backend.contains_prefix
         t0 = time.perf_counter()
         res = await self._call("lookup", lambda: self._with_lookup_deadline(native(keys)), None)
         self.stats.lookup_latency.add(time.perf_counter() - t0)
@@ -421,14 +420,13 @@ class Tier:
     def pin_many(self, keys: Sequence[CacheEngineKey]) -> list[object | None]:
         """Pin each key in the tier; a handle per key for :meth:`unpin_many`, or ``None``.
 
-        A tier pins when its backend has ``pin(key) -> handle | None`` and
-        ``unpin(handle)`` (``pin_many``/``unpin_many`` are used when present)."""
+        A tier pins when its backend implements :class:`~lmcache_core.interface.Pinning`
+        (:class:`~lmcache_core.interface.BatchedPinning` is used when implemented)."""
         if not self.can_pin:
             return [None] * len(keys)
         try:
-            many = getattr(self.backend, "pin_many", None)
-            if many is not None:
-                return list(many(keys))
+            if implements(self.backend, BatchedPinning):
+                return list(self.backend.pin_many(keys))
             return [self.backend.pin(k) for k in keys]
         except Exception as exc:
             self._failed("pin", exc)
@@ -438,9 +436,8 @@ class Tier:
         if not handles:
             return
         try:
-            many = getattr(self.backend, "unpin_many", None)
-            if many is not None:
-                many(handles)
+            if implements(self.backend, BatchedPinning):
+                self.backend.unpin_many(handles)
             else:
                 for h in handles:
                     self.backend.unpin(h)

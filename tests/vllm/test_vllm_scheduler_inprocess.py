@@ -235,3 +235,28 @@ def test_decode_chunks_are_stored_and_reused_by_the_next_turn(
     h.add("t2", turn2, max_tokens=1)
     h.drain()
     assert h.scheduler_side.stats()["hit_tokens"] >= 4 * CHUNK
+
+
+def test_the_connector_supplies_its_namespace_and_rejects_a_conflicting_one(
+    vllm_models: Models, harnesses: list[Harness]
+) -> None:
+    from lmcache_core.errors import ConfigError
+
+    h = Harness(vllm_models.main, {**_storage(), "namespace": "team-a"}, async_scheduling=False)
+    harnesses.append(h)
+    ns = h.scheduler_side.ctx.namespace
+    assert ns.model_name and ns.kv_layout  # derived by the connector
+    assert dict(ns.extra)["name"] == "team-a"  # the configured name is added
+    assert h.worker_side.storage.hierarchy.namespace == ns
+    with pytest.raises(ConfigError) as ei:
+        Harness(
+            vllm_models.main,
+            {**_storage(), "namespace": {"model": "some-other-model"}},
+            async_scheduling=False,
+        )
+    assert str(ei.value) == (
+        "kv_connector_extra_config.config.namespace.model: the configuration names model "
+        f"'some-other-model' but the vLLM connector (the served model, its revision and KV "
+        "layout; set the connector's model_name/model_revision options to change them) "
+        f"uses {ns.model_name!r}; remove namespace.model or make them agree"
+    )

@@ -23,7 +23,7 @@ pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]
 DECODE_TOKENS = 300
 DISK_BYTES = 32 * 64 * 1024  # 32 chunks
 CHUNK_SHAPE = [2, 2, 2, 32, 64]  # the test model's chunk: layers, blocks, heads, tokens, K|V
-REPEATS = 3
+REPEATS = 5  # the issue asks for at least a median of 3; 5 rides out a noisy neighbour
 SLOW = {"lookup_delay_s": 0.02, "get_delay_s": 2.0}
 
 
@@ -66,7 +66,7 @@ def e9(vllm_models: Models, tmp_path_factory: pytest.TempPathFactory) -> EngineR
         # alone (interleaved, so a drift in the shared machine's load hits both alike)
         *[
             step
-            for i, p in enumerate((s0, s1, s2))
+            for i, p in enumerate((s0, s1, s2, s0, s1)[:REPEATS])
             for step in (_itl(f"base{i}", []), _itl(f"slow{i}", [p]))
         ],
         {"op": "control", "name": "slow_lookups", "values": {"lookup_delay_s": 2.0}},
@@ -124,13 +124,15 @@ def test_a_slow_hit_waits_for_its_kv_without_stalling_decoding(e9: EngineRun) ->
         ref = cold[tuple(out["prompt"])]["tokens"]
         assert out["tokens"] == ref[: len(out["tokens"])] and len(out["tokens"]) == 4
         assert rec["ttft"][0] >= 2.0
+    # a stalled engine step would show the 2 s get delay itself in some gap
+    assert max(max(r["itl"]) for r in slow) < SLOW["get_delay_s"] / 2
     b99 = statistics.median(_pct(r["itl"], 0.99) for r in base)
     b50 = statistics.median(statistics.median(r["itl"]) for r in base)
     s99 = statistics.median(_pct(r["itl"], 0.99) for r in slow)
     s50 = statistics.median(statistics.median(r["itl"]) for r in slow)
     assert s99 <= 1.5 * b99, (s99, b99)
     assert s50 <= 1.1 * b50, (s50, b50)
-    w = e9.worker("slow2")
+    w = e9.worker(f"slow{REPEATS - 1}")
     assert w["async_loaded_chunks"] >= REPEATS * 4 and w["sync_loaded_chunks"] == 0
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from ...config import CacheConfig
 from ...errors import ConfigError
 from ...keys import Namespace
+from ...namespaces import resolve_namespace
 from ...token_db import ChunkedTokenDatabase
 from .identity import ModelIdentity, UnknownRevision, model_identity
 from .keying import vllm_hash_reproducible
@@ -154,7 +155,7 @@ def build_context(vllm_config: Any, kv_cache_config: Any) -> ConnectorContext:
             log.warning("LMCacheCoreConnector hashes prompts itself: %s", why)
 
     salt = storage_config.hash_salt
-    ctx.namespace = Namespace(
+    derived = Namespace(
         model_name=ctx.identity.name,
         model_revision=ctx.identity.revision,
         kv_layout=ctx.layout.kv_layout,
@@ -165,6 +166,17 @@ def build_context(vllm_config: Any, kv_cache_config: Any) -> ConnectorContext:
         hash_salt_id=ChunkedTokenDatabase.salt_id(salt) if salt else "",
         extra=tuple(extra.items()),
     )
+    try:  # a configured name is added; a configured model/revision/layout must agree
+        ctx.namespace = resolve_namespace(
+            storage_config,
+            derived,
+            "the vLLM connector (the served model, its revision and KV layout; set the "
+            "connector's model_name/model_revision options to change them)",
+        )
+    except ConfigError as exc:
+        raise ConfigError(
+            exc.reason, f"{settings.source}.{exc.path}" if settings.source else exc.path
+        ) from None
     ctx.db = ChunkedTokenDatabase(
         namespace=ctx.namespace,
         world_size=ctx.key_world_size,

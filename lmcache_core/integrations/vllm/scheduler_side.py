@@ -32,6 +32,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...interface import Pinning, implements
 from .context import ConnectorContext
 from .keying import RequestKeyer
 from .lookups import ViewLookups
@@ -202,9 +203,7 @@ class SchedulerSide:
         )
         if self.fail_policy and self.view is not None:
             unpinnable = [
-                t.name
-                for t in self.view.hierarchy.tiers
-                if not callable(getattr(t.backend, "pin", None))
+                t.name for t in self.view.hierarchy.tiers if not implements(t.backend, Pinning)
             ]
             if unpinnable:
                 log.warning(

@@ -93,10 +93,7 @@ class Storage:
     ) -> None:
         if shared_only:
             tiers = [
-                t
-                for t in config.tiers
-                if getattr(t.backend_cls, "capabilities", None)
-                and t.backend_cls.capabilities.shared
+                t for t in config.tiers if t.capabilities is not None and t.capabilities.shared
             ]
             config = dataclasses.replace(
                 config,
@@ -117,10 +114,7 @@ class Storage:
         cls, config: CacheConfig, namespace: Namespace, timeout_s: float | None = None
     ) -> Storage | None:
         """The shared tiers of ``config`` for scheduler-side lookups, or ``None`` if none."""
-        if not any(
-            getattr(t.backend_cls, "capabilities", None) and t.backend_cls.capabilities.shared
-            for t in config.tiers
-        ):
+        if not any(t.capabilities is not None and t.capabilities.shared for t in config.tiers):
             return None
         return cls(config, namespace, shared_only=True, timeout_s=timeout_s)
 
@@ -128,8 +122,8 @@ class Storage:
     @property
     def top_is_private_memory(self) -> bool:
         """Whether the first tier is this process's memory (not shared, not persistent)."""
-        caps = getattr(self.hierarchy.tiers[0].backend, "capabilities", None)
-        return not (getattr(caps, "shared", False) or getattr(caps, "persistent", False))
+        caps = self.hierarchy.tiers[0].backend.capabilities
+        return not (caps.shared or caps.persistent)
 
     @property
     def top_max_bytes(self) -> int | None:

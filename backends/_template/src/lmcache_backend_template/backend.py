@@ -32,6 +32,7 @@ class TemplateBackend(BlobBackend):
     Options = TemplateOptions
     # Capabilities decide which contract tests apply (tests/test_template_contract.py).
     capabilities = Capabilities(persistent=True, shared=True)
+    interface_version = "1.0"  # the lmcache_core.interface version it implements
 
     def __init__(
         self, options: Any = None, *, namespace: Namespace | None = None, name: str | None = None

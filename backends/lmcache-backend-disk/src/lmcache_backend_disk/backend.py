@@ -72,6 +72,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
 
     Options = DiskOptions
     capabilities = Capabilities(persistent=True, shared=True, bounded=True, zero_copy=False)
+    interface_version = "1.0"  # the lmcache_core.interface version it implements
 
     def __init__(
         self, options: Any = None, *, namespace: Namespace | None = None, name: str | None = None
@@ -335,7 +336,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         shared index (:mod:`.view`); ``None`` when the view cannot answer now (the index
         is being rebuilt): the async path then checks the files. A positive is a hint:
         a load that finds no valid object is a miss. See
-        :class:`~lmcache_core.sync.ThreadSafeFastPaths` (the pin methods are thread-safe
+        :class:`~lmcache_core.interface.ThreadSafeContains` (the pin methods are thread-safe
         too: they take the index's lock)."""
         view = self._view
         if view is None or not self.started:

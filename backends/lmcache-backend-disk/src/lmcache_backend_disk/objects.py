@@ -170,9 +170,17 @@ class ObjectIO:
         the new file ``tmp_rel``, flushed to the device when durable. Returns its size and
         the (relative) directories whose new entries (created on the way) still need an
         fsync. The file is removed on any error."""
+        return self.write_new_file(tmp_rel, lambda fd: self._write(fd, template, value))
+
+    def write_new_file(self, tmp_rel: str, fill: Callable[[int], int]) -> tuple[int, list[str]]:
+        """Create the new file ``tmp_rel`` (sandboxed, like every create), let ``fill``
+        write it through its descriptor and return the size written, flush it when
+        durable; the file is removed on any error. Returns the size and the directories
+        still needing an fsync (see :meth:`write_temp`). The seam other I/O paths (the
+        gds backend's device writes) use."""
         fd, new_dirs = self._create(tmp_rel)
         try:
-            size = self._write(fd, template, value)
+            size = fill(fd)
             if self.durable:
                 os.fdatasync(fd)
         except BaseException:

@@ -17,5 +17,5 @@ def lmcache_register_backends(registry: BackendRegistry) -> None:
         "lmcache_backend_disk.backend:DiskBackend",
         name="disk",
         schemes=("file",),
-        install_hint="pip install lmcache-backend-disk",
+        install_hint="pip install ./backends/lmcache-backend-disk (in an lmcache-core checkout)",
     )

@@ -31,6 +31,7 @@ class S3Backend(BlobBackend):
 
     Options = S3Options
     capabilities = Capabilities(persistent=True, shared=True, bounded=False)
+    interface_version = "1.0"  # the lmcache_core.interface version it implements
     #: boto3 has sent the body when put_object returns; fsspec's local and memory
     #: filesystems copy it (``bytes(data)``) or write it out: nothing keeps ``data``.
     keeps_written_data = False

@@ -17,5 +17,5 @@ def lmcache_register_backends(registry: BackendRegistry) -> None:
         "lmcache_backend_s3.backend:S3Backend",
         name="s3",
         schemes=("s3",),
-        install_hint="pip install lmcache-backend-s3",
+        install_hint="pip install ./backends/lmcache-backend-s3 (in an lmcache-core checkout)",
     )

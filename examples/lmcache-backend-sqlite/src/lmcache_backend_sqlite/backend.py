@@ -44,6 +44,7 @@ class SQLiteBackend(BlobBackend):
 
     Options = SQLiteOptions
     capabilities = Capabilities(persistent=True, shared=True)
+    interface_version = "1.0"  # the lmcache_core.interface version it implements
 
     def __init__(
         self, options: Any = None, *, namespace: Namespace | None = None, name: str | None = None

@@ -1,0 +1,162 @@
+"""How the gds backend picks its I/O path, and how it says so (log, stats, CLI)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from lmcache_backend_gds import GdsBackend, runtime
+
+from lmcache_core.errors import ConfigError
+from lmcache_core.testing.contract import make_key, random_tensor, same_bits
+
+
+def _kvikio_importable() -> bool:
+    try:
+        runtime.import_kvikio()
+    except ImportError:
+        return False
+    return True
+
+
+def _start_stop(b: GdsBackend) -> dict[str, object]:
+    async def body() -> dict[str, object]:
+        await b.start()
+        try:
+            key = make_key("rt")
+            v = random_tensor((4096,), torch.float16)
+            assert await b.put(key, v)
+            assert same_bits(await b.get(key), v)
+            return b.stats()
+        finally:
+            await b.close()
+
+    return asyncio.run(body())
+
+
+def test_without_a_usable_cuda_driver_the_posix_path_is_used_and_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime._logged.clear()
+    caplog.set_level(logging.INFO, logger="lmcache_core.gds")
+    for i in range(2):
+        stats = _start_stop(GdsBackend({"path": str(tmp_path / f"t{i}")}))
+        assert stats["io_path"] == "posix"
+        reason = str(stats["io_path_reason"])
+        if _kvikio_importable():
+            assert "CuFile I/O failed" in reason, reason  # e.g. libcuda.so.1 missing
+        else:
+            assert "kvikio is not installed" in reason, reason
+        assert stats["direct_io"] is True  # O_DIRECT on this filesystem
+    lines = [r.getMessage() for r in caplog.records if "POSIX O_DIRECT fallback" in r.getMessage()]
+    assert len(lines) == 1, lines  # once per process, not once per tier
+
+
+def test_force_posix_is_honoured_and_reported(tmp_path: Path) -> None:
+    stats = _start_stop(GdsBackend({"path": str(tmp_path / "t"), "force_posix": True}))
+    assert stats["io_path"] == "posix" and stats["io_path_reason"] == "force_posix is set"
+
+
+def _fake_kvikio(monkeypatch: pytest.MonkeyPatch, cufile: type, compat: str = "OFF") -> None:
+    mod = types.ModuleType("kvikio")
+    defaults = types.ModuleType("kvikio.defaults")
+    defaults.get = lambda name: compat  # type: ignore[attr-defined]
+    mod.__version__ = "0.0-fake"  # type: ignore[attr-defined]
+    mod.CuFile = cufile  # type: ignore[attr-defined]
+    mod.defaults = defaults  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "kvikio", mod)
+    monkeypatch.setitem(sys.modules, "kvikio.defaults", defaults)
+
+
+def test_a_cufile_that_fails_like_without_libcuda_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Extra unit layer (a fake module): kvikio imports, every CuFile call raises the
+    error kvikio gives on a machine without a CUDA driver."""
+
+    class FailingCuFile:
+        def __init__(self, *args: object) -> None:
+            raise RuntimeError("libcuda.so.1: cannot open shared object file: No such file")
+
+    _fake_kvikio(monkeypatch, FailingCuFile)
+    path = runtime.probe(str(tmp_path))
+    assert path.mode == "posix"
+    assert path.reason.startswith("kvikio 0.0-fake CuFile I/O failed: libcuda.so.1")
+    assert os.listdir(tmp_path) == []  # the probe file is removed
+    stats = _start_stop(GdsBackend({"path": str(tmp_path / "t")}))
+    assert stats["io_path"] == "posix"
+
+
+def test_a_working_kvikio_in_compat_mode_is_reported_as_compat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Extra unit layer (a fake CuFile doing real POSIX I/O): the probe's round trip
+    succeeds, kvikio says compat mode, so the path is ``compat``."""
+
+    class PosixCuFile:
+        def __init__(self, name: str, flags: str) -> None:
+            self.fd = os.open(name, os.O_RDWR)
+
+        def pwrite(self, buf: object, size: int, offset: int) -> types.SimpleNamespace:
+            n = os.pwrite(self.fd, memoryview(buf).cast("B")[:size], offset)  # type: ignore[arg-type]
+            return types.SimpleNamespace(get=lambda: n)
+
+        def pread(self, buf: object, size: int, offset: int) -> types.SimpleNamespace:
+            n = os.preadv(self.fd, [memoryview(buf).cast("B")[:size]], offset)  # type: ignore[arg-type]
+            return types.SimpleNamespace(get=lambda: n)
+
+        def close(self) -> None:
+            os.close(self.fd)
+
+    _fake_kvikio(monkeypatch, PosixCuFile, compat="ON")
+    path = runtime.probe(str(tmp_path))
+    assert path.mode == "compat", path
+    assert "compatibility mode" in path.text()
+
+
+@pytest.mark.skipif(not _kvikio_importable(), reason="kvikio is not installed (optional extra)")
+def test_real_kvikio_without_a_gpu_falls_back(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the fallback is not what happens here")
+    path = runtime.probe(str(tmp_path))
+    assert path.mode == "posix" and "CuFile I/O failed" in path.reason, path
+
+
+def test_lmcache_core_backends_names_the_io_path() -> None:
+    cli = "import sys; from lmcache_core.cli import main; sys.exit(main(sys.argv[1:]))"
+    res = subprocess.run(
+        [sys.executable, "-c", cli, "backends", "gds", "--table"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "runtime: POSIX O_DIRECT fallback with aligned host buffers:" in res.stdout
+    if _kvikio_importable() and not torch.cuda.is_available():
+        assert "CuFile I/O failed" in res.stdout  # kvikio imports, cuFile cannot work
+    for option in ("path", "paths", "max_bytes", "io_threads", "task_size", "force_posix"):
+        assert f"\n  {option} " in res.stdout or f"  {option}  " in res.stdout, option
+
+
+@pytest.mark.parametrize(
+    ("opts", "where"),
+    [
+        ({}, "options.path"),
+        ({"path": "/tmp/a", "paths": ["/tmp/b"]}, "options.paths"),
+        ({"paths": ["/tmp/a", "/tmp/a/"]}, "options.paths[1]"),
+        ({"paths": ["/tmp/a", "/tmp/a/b"]}, "options.paths"),
+        ({"paths": ["/tmp/a", ""]}, "options.paths[1]"),
+        ({"path": "/tmp/a", "task_size": 100}, "options.task_size"),
+    ],
+)
+def test_bad_options_are_refused_with_their_path(opts: dict[str, object], where: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        GdsBackend(opts)
+    assert exc.value.path == where, exc.value
