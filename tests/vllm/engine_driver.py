@@ -51,7 +51,12 @@ def wait_disk_stable(
 
 
 def _saved_chunks(stats: list[dict[str, Any]]) -> int:
-    return sum(int(d.get("saved_chunks", 0)) for d in stats if d.get("role") == "worker")
+    """Chunks the workers writing the shared tiers saved (replica ranks write none)."""
+    return sum(
+        int(d.get("saved_chunks", 0))
+        for d in stats
+        if d.get("role") == "worker" and d.get("writes_shared_tiers", True)
+    )
 
 
 def _stats(stats_dir: str | None) -> list[dict[str, Any]]:

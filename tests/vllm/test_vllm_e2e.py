@@ -10,8 +10,9 @@ Four engine processes, each running many cases (see the ``engine_*`` fixtures):
 * ``e3``: a model with the same ``config.json`` but other weights on the same disk (the
   connector selected through ``kv_connector_module_path``);
 * ``e4``: tensor parallel 2 (worker connectors in two other processes), including a
-  background load whose chunk is missing on one rank;
-* ``e5``: a sliding-window model: the connector turns itself off with one ERROR line.
+  background load whose chunk is missing on one rank.
+
+Sliding-window, hybrid and MLA models are in ``test_vllm_models_e2e.py``.
 """
 
 from __future__ import annotations
@@ -184,24 +185,6 @@ def e3(vllm_models: Models, workdir: Path, e1: EngineRun) -> EngineRun:
         "disk_dir": str(disk),
     }
     return run_engine(workdir, "e3", spec, engine_env(multiprocessing=False))
-
-
-@pytest.fixture(scope="module")
-def e5(workdir: Path) -> EngineRun:
-    from lmcache_core.integrations.vllm.local_model import ModelSpec, make_local_model
-
-    model = make_local_model(
-        workdir / "sliding" / "tiny-sw", ModelSpec(architecture="mistral", sliding_window=64)
-    )
-    stats = workdir / "stats-e5"
-    ktc = connector_config(_storage("8MiB", None), stats)
-    steps = [_gen("first", c.LONG), _gen("second", c.LONG)]
-    spec = {
-        "engine": _engine(model, ktc, prefix_caching=False),
-        "steps": steps,
-        "stats_dir": str(stats),
-    }
-    return run_engine(workdir, "e5", spec, engine_env(multiprocessing=False))
 
 
 @pytest.fixture(scope="module")
@@ -418,15 +401,6 @@ def test_fail_policy_is_served_from_tiers_that_can_pin(e1: EngineRun, e3: Engine
     assert "cannot hold them until they are loaded" not in e3.log
     assert not re.search(r"ERROR .*LMCacheCoreConnector", e3.log)
     assert re.search(r"LMCacheCoreConnector scheduler side: .* policy=recompute", e1.log)
-
-
-# ---------------------------------------------------------------------------------- e5
-def test_sliding_window_model_disables_the_connector(e5: EngineRun) -> None:
-    errors = re.findall(r"ERROR .*LMCacheCoreConnector disabled, serving no hits: (.*)", e5.log)
-    assert len(errors) == 1 and "sliding-window" in errors[0]
-    assert [o["num_cached_tokens"] for o in e5.outputs("second")] == [0]
-    assert e5.outputs("first")[0]["tokens"] == e5.outputs("second")[0]["tokens"]
-    assert e5.scheduler("second")["disabled"]
 
 
 # ---------------------------------------------------------------------------------- e4

@@ -198,11 +198,9 @@ def _mamba() -> Any:
 @pytest.mark.parametrize(
     ("make", "kw", "words"),
     [
-        (_mla, {}, "MLAAttentionSpec"),
         (_sliding, {}, "SlidingWindowSpec"),
-        (lambda: _spec(sliding_window=64), {}, "sliding-window"),
         (_mamba, {}, "MambaSpec"),
-        (_spec, {"groups": 2}, "2 KV cache groups"),
+        (_spec, {"groups": 2}, "2 KV-cache groups"),
         (_spec, {"layout": "XYZ"}, "layout XYZ"),
         (_spec, {"device": "tpu"}, "device type"),
         (_spec, {"pp": 2}, "pipeline parallelism"),
@@ -214,6 +212,67 @@ def test_unsupported_models_are_refused(make: Any, kw: dict[str, Any], words: st
 
     with pytest.raises(UnsupportedModel, match=words):
         describe_layout(*_configs(make(), **kw))
+
+
+@pytest.mark.parametrize(
+    ("make", "groups", "words"),
+    [
+        (_sliding, 1, "SlidingWindowSpec"),
+        (_mamba, 1, "MambaSpec"),
+        (_spec, 2, "2 KV-cache groups"),
+    ],
+)
+def test_unrestorable_groups_mean_no_hits(make: Any, groups: int, words: str) -> None:
+    """Models whose KV-cache groups the connector cannot all restore are an expected
+    condition (no hits, INFO), distinguished from real errors."""
+    from lmcache_core.integrations.vllm.layout import UnrestorableGroups, describe_layout
+
+    with pytest.raises(UnrestorableGroups, match=words):
+        describe_layout(*_configs(make(), groups=groups))
+
+
+def test_hybrid_sliding_window_points_to_hma_off() -> None:
+    from lmcache_core.integrations.vllm.layout import UnrestorableGroups, describe_layout
+
+    vllm_config, kv_cache_config = _configs(_spec())
+    sliding = SimpleNamespace(kv_cache_spec=_sliding(), layer_names=["model.layers.1.attn"])
+    kv_cache_config.kv_cache_groups = [kv_cache_config.kv_cache_groups[0], sliding]
+    with pytest.raises(UnrestorableGroups, match="disable-hybrid-kv-cache-manager"):
+        describe_layout(vllm_config, kv_cache_config)
+
+
+def test_sliding_window_and_mla_single_groups_are_accepted() -> None:
+    """HMA off: a sliding-window model's one full-attention group keeps every token's KV;
+    MLA keeps one latent per token (no V, one head)."""
+    from lmcache_core.integrations.vllm.layout import describe_layout
+
+    sw = describe_layout(*_configs(_spec(sliding_window=64)))
+    assert sw.kv_layout == "vllm:cpu:LBHNC:h2:k32:v32" and sw.group_id == 0
+    mla = describe_layout(*_configs(_mla(), device="cuda"))
+    assert mla.kv_layout == "vllm:cuda:LBHNC:h1:k576:v0"
+    assert mla.num_kv_heads == 1 and mla.head_size_v == 0
+
+
+def test_mla_on_cpu_gets_no_hits() -> None:
+    """vLLM disables its own prefix caching for MLA on CPU; the connector follows."""
+    from lmcache_core.integrations.vllm.layout import UnrestorableGroups, describe_layout
+
+    with pytest.raises(UnrestorableGroups, match="MLA on CPU"):
+        describe_layout(*_configs(_mla()))
+
+
+def test_mla_cache_views_are_copied_whole() -> None:
+    """MLA caches are 3-D ``[blocks, tokens, latent]``: gathered and scattered as one
+    head."""
+    from lmcache_core.integrations.vllm.layout import BlockCopier
+
+    caches = [torch.randn(NUM_BLOCKS, BLOCK, 80) for _ in range(2)]
+    copier = BlockCopier(caches, NUM_BLOCKS)
+    out = torch.empty(copier.chunk_shape(2))
+    copier.gather([3, 1], out)
+    assert torch.equal(out[1, 0, 0], caches[1][3]) and torch.equal(out[0, 1, 0], caches[0][1])
+    copier.scatter(out, [5, 6])
+    assert torch.equal(caches[0][5], caches[0][3]) and torch.equal(caches[1][6], caches[1][1])
 
 
 def test_unsupported_attention_backend_is_refused() -> None:

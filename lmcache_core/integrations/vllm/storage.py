@@ -29,7 +29,7 @@ from ...hierarchy import PrefixLookup, TieredHierarchy
 from ...keys import CacheEngineKey, Namespace
 from ...sync import SyncBackend
 
-__all__ = ["Lookup", "Storage", "load_storage_config", "pinned_keys"]
+__all__ = ["Lookup", "Storage", "load_storage_config", "pinned_keys", "replica_storage_config"]
 
 log = logging.getLogger("vllm.lmcache_core.storage")
 T = TypeVar("T")
@@ -41,6 +41,26 @@ def load_storage_config(raw: dict[str, Any], source: str = "") -> CacheConfig:
     if source and not cfg.source:
         cfg = dataclasses.replace(cfg, source=source)
     return cfg
+
+
+def _shared(tier: Any) -> bool:
+    caps = getattr(tier.backend_cls, "capabilities", None)
+    return bool(getattr(caps, "shared", False))
+
+
+def replica_storage_config(config: CacheConfig) -> tuple[CacheConfig, bool]:
+    """The storage of a rank whose KV another rank of its replica group also holds (MLA
+    at tensor parallel > 1): it keeps writing its own memory tier (private, so no other
+    rank can serve it), while the shared tiers are written by the group's first rank
+    only and read by all (one copy per chunk). Returns the configuration and whether
+    this rank must not store at all (its first tier is shared)."""
+    tiers = list(config.tiers)
+    if not tiers or _shared(tiers[0]):
+        return config, True
+    out = [tiers[0]] + [
+        dataclasses.replace(t, write_policy="none") if _shared(t) else t for t in tiers[1:]
+    ]
+    return dataclasses.replace(config, tiers=tuple(out)), False
 
 
 @dataclass(frozen=True)

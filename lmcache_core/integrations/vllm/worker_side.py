@@ -34,7 +34,7 @@ from .metadata import ChunkLoad, StepMetadata, WorkerReport
 from .saves import SaveItem, SaveQueue
 from .staging import ChunkBuffers
 from .stats_file import write_stats
-from .storage import Storage
+from .storage import Storage, replica_storage_config
 
 __all__ = ["WorkerSide"]
 
@@ -96,6 +96,7 @@ class WorkerSide:
         self._pending_finish: set[str] = set()
         self._to_release: set[int] = set()
         self._unstarted: dict[str, list[ChunkLoad]] = {}
+        self._saves_off = False  # a replica rank whose first tier is shared stores nothing
 
     # ------------------------------------------------------------------ set-up
     def _tp_rank(self) -> int:
@@ -142,8 +143,11 @@ class WorkerSide:
         except UnsupportedModel as exc:
             self._disable(str(exc))
             return
-        self.db = ctx.db.for_worker(self.rank, ctx.world_size)
-        self.storage = Storage(ctx.storage_config, ctx.namespace)
+        self.db = ctx.db.for_worker(ctx.shard_of(self.rank), ctx.key_world_size)
+        config = ctx.storage_config
+        if not ctx.is_writer(self.rank):
+            config, self._saves_off = replica_storage_config(config)
+        self.storage = Storage(config, ctx.namespace)
         self._open_transfers()
         copier, storage = self.copier, self.storage
         log.info(
@@ -344,7 +348,7 @@ class WorkerSide:
     # ------------------------------------------------------------------ saves
     def save(self, meta: StepMetadata) -> None:
         self._begin(meta)
-        if not meta.saves:
+        if not meta.saves or self._saves_off:
             return
         failed = self._failed_at
         saves = [s for s in meta.saves if not (failed and any(b in failed for b in s.reads))]
@@ -495,6 +499,8 @@ class WorkerSide:
             "pid": os.getpid(),
             "rank": self.rank,
             "world_size": self.ctx.world_size,
+            "kv_tp_replicas": self.ctx.kv_tp_replicas,
+            "writes_shared_tiers": self.ctx.is_writer(self.rank),
             "disabled": self.disabled,
             "one_copy_per_chunk": bool(self.copier and self.copier.one_view),
             "loaded_chunks": c.loaded_chunks + (ld.loaded_chunks if ld is not None else 0),

