@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections import OrderedDict
 from collections.abc import Hashable
 from collections.abc import Set as AbstractSet
 
@@ -32,7 +33,9 @@ class NoopPolicy:
     name = "noop"
 
     def __init__(self) -> None:
-        self._keys: dict[Hashable, None] = {}
+        # OrderedDict: iterating a plain dict from the front after many pops from the
+        # front walks the deleted slots (measured slower than LRU's queue).
+        self._keys: OrderedDict[Hashable, None] = OrderedDict()
 
     def record_access(self, key: Hashable, info: ChunkInfo, hit: bool) -> None:
         pass
