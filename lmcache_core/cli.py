@@ -36,6 +36,7 @@ COMMAND_MODULES = [
     "lmcache_core.cli_config",
     "lmcache_core.cli_inspect",
     "lmcache_core.cli_maint",
+    "lmcache_core.cli_simulate",
 ]
 
 
