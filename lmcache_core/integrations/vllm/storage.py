@@ -44,8 +44,8 @@ def load_storage_config(raw: dict[str, Any], source: str = "") -> CacheConfig:
 
 
 def _shared(tier: Any) -> bool:
-    caps = getattr(tier.backend_cls, "capabilities", None)
-    return bool(getattr(caps, "shared", False))
+    caps = tier.capabilities  # the declared Capabilities (None: class not imported)
+    return caps is not None and bool(caps.shared)
 
 
 def replica_storage_config(config: CacheConfig) -> tuple[CacheConfig, bool]:
