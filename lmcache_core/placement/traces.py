@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -183,18 +183,41 @@ def system_prompt_trace(
     ids = _Ids(1 << 40)
     prompts = [ids.take(rng.randint(2, 16)) for _ in range(n_prompts)]
     pick = zipf_sampler(n_prompts, alpha, rng)
-    at = _arrivals(rng, rate=4.0)
+    return _zipf_requests(
+        rng,
+        n_requests,
+        pick,
+        _arrivals(rng, rate=4.0),
+        lambda p: prompts[p] + ids.take(rng.randint(1, 2)),
+        chunk_tokens,
+        ("system", "prompt"),
+    )
+
+
+def _zipf_requests(
+    rng: random.Random,
+    n_requests: int,
+    pick: Iterator[int],
+    at: Iterator[float],
+    groups_of: Callable[[int], list[int]],
+    chunk_tokens: int,
+    label: tuple[str, str],
+) -> list[Request]:
+    """``n_requests`` requests, each for the item ``pick`` draws: its chunk groups from
+    ``groups_of``, the next arrival, a 32-256 token answer, meta ``{family: ..., key: i}``
+    (``label`` = (family, key)). The draws happen in that order, for reproducible traces."""
+    family, meta_key = label
     out = []
     for _ in range(n_requests):
-        p = next(pick)
-        groups = prompts[p] + ids.take(rng.randint(1, 2))
+        i = next(pick)
+        groups = groups_of(i)
         out.append(
             Request(
                 next(at),
                 groups,
                 [chunk_tokens] * len(groups),
                 rng.randint(32, 256),
-                {"family": "system", "prompt": p},
+                {"family": family, meta_key: i},
             )
         )
     return out
@@ -214,21 +237,15 @@ def rag_trace(
     instruction = ids.take(2)
     docs = [ids.take(rng.randint(2, 8)) for _ in range(n_docs)]
     pick = zipf_sampler(n_docs, alpha, rng)
-    at = _arrivals(rng, rate=8.0)
-    out = []
-    for _ in range(n_requests):
-        d = next(pick)
-        groups = instruction + docs[d] + ids.take(1)
-        out.append(
-            Request(
-                next(at),
-                groups,
-                [chunk_tokens] * len(groups),
-                rng.randint(32, 256),
-                {"family": "rag", "doc": d},
-            )
-        )
-    return out
+    return _zipf_requests(
+        rng,
+        n_requests,
+        pick,
+        _arrivals(rng, rate=8.0),
+        lambda d: instruction + docs[d] + ids.take(1),
+        chunk_tokens,
+        ("rag", "doc"),
+    )
 
 
 def multi_turn_trace(
