@@ -71,3 +71,7 @@ class TokenTypeError(TokenInputError, TypeError):
     """Token database input of the wrong kind: token ids that are not integers (bools,
     floats, strings), an array that is not one-dimensional, a value extra keys cannot
     encode. Both a :class:`TokenInputError` (so a ``ValueError``) and a ``TypeError``."""
+
+
+class UnknownCodecError(PluginError, LookupError):
+    """A KV codec name is not registered (the message names the plugin that provides it)."""

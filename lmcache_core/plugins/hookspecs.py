@@ -14,9 +14,17 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    from .codec_registry import CodecRegistry
     from .registry import BackendRegistry
 
-__all__ = ["HOOKSPEC_VERSION", "PROJECT_NAME", "hookimpl", "hookspec", "lmcache_register_backends"]
+__all__ = [
+    "HOOKSPEC_VERSION",
+    "PROJECT_NAME",
+    "hookimpl",
+    "hookspec",
+    "lmcache_register_backends",
+    "lmcache_register_codecs",
+]
 
 PROJECT_NAME = "lmcache_core"
 #: Version of the hook interface. Plugins built for another major version are skipped.
@@ -32,4 +40,16 @@ def lmcache_register_backends(registry: BackendRegistry) -> None:
 
     Called once per registry, first among the hooks. Register classes lazily as
     ``"package.module:Class"`` strings so that listing plugins imports nothing heavy.
+    """
+
+
+@hookspec
+def lmcache_register_codecs(registry: CodecRegistry) -> None:
+    """Register KV codecs with ``registry.add("package.module:Class", name=..., lossless=...)``.
+
+    Called once per codec registry (the first time a configuration or a command needs a
+    codec), once per plugin in load order, the built-in plugin first. Register classes
+    lazily as strings; a class implements :class:`lmcache_core.codecs.KVCodec` and takes
+    its options as keyword arguments. A hook that raises is reported and what it
+    registered is undone; the other plugins' codecs still load.
     """
