@@ -23,7 +23,7 @@ Contract of :class:`KVCodec` (the first-party codecs' tests check it):
 
 Every codec stream starts with the same 40-byte frame (:func:`write_frame`,
 :func:`read_frame`): magic, the codec's 4-byte tag, a version, the dtype, the element
-count and the body's length and ``xxh3_64`` checksum. A damaged stream is therefore a
+count, flags and the body's length, and an ``xxh3_64`` checksum of those and the body. A damaged stream is therefore a
 :class:`CodecError` before any decompressor sees it.
 """
 
@@ -37,7 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
-from xxhash import xxh3_64_intdigest
+from xxhash import xxh3_64
 
 from .errors import FormatError
 
@@ -171,10 +171,11 @@ def byte_view(tensor: torch.Tensor) -> np.ndarray[Any, np.dtype[np.uint8]]:
 
 
 # ---------------------------------------------------------------------------- framing
-_FRAME = struct.Struct("<4s4sBBHQQQ4x")  # 40 bytes: bodies start 8-aligned
+_FRAME = struct.Struct("<4s4sBBHQQQI")  # 40 bytes: bodies start 8-aligned
 #: Size of the frame that starts every codec stream.
 FRAME_BYTES = _FRAME.size
 _MAGIC = b"LMKC"
+_DIGEST_AT = 28  # the checksum covers the frame's fields before it and the body
 
 
 class Frame:
@@ -190,16 +191,30 @@ class Frame:
 
 
 def write_frame(
-    stream: Any, tag: bytes, version: int, dtype: torch.dtype, numel: int, body_len: int, flags: int = 0
+    stream: Any,
+    tag: bytes,
+    version: int,
+    dtype: torch.dtype,
+    numel: int,
+    body_len: int,
+    flags: int = 0,
 ) -> int:
     """Write the frame into ``stream[:FRAME_BYTES]`` for a body already at
     ``stream[FRAME_BYTES:FRAME_BYTES + body_len]``; return the stream's total length."""
     view = memoryview(stream).cast("B")
-    body = view[FRAME_BYTES : FRAME_BYTES + body_len]
+    _FRAME.pack_into(view, 0, _MAGIC, tag, version, dtype_code(dtype), flags, numel, body_len, 0, 0)
+    digest = _digest(view[:_DIGEST_AT], view[FRAME_BYTES : FRAME_BYTES + body_len])
     _FRAME.pack_into(
-        view, 0, _MAGIC, tag, version, dtype_code(dtype), flags, numel, body_len, xxh3_64_intdigest(body)
+        view, 0, _MAGIC, tag, version, dtype_code(dtype), flags, numel, body_len, digest, 0
     )
     return FRAME_BYTES + body_len
+
+
+def _digest(fields: memoryview, body: memoryview) -> int:
+    h = xxh3_64()
+    h.update(fields)
+    h.update(body)
+    return int(h.intdigest())
 
 
 def read_frame(buf: Any, tag: bytes, versions: tuple[int, ...], out: torch.Tensor) -> Frame:
@@ -213,13 +228,15 @@ def read_frame(buf: Any, tag: bytes, versions: tuple[int, ...], out: torch.Tenso
         raise CodecError(f"encoded KV must be a bytes-like object: {exc}") from None
     if len(view) < FRAME_BYTES:
         raise CodecError(f"encoded KV is truncated: {len(view)} bytes, no frame")
-    magic, got_tag, version, dcode, flags, numel, body_len, digest = _FRAME.unpack_from(view, 0)
+    magic, got_tag, version, dcode, flags, numel, body_len, digest, reserved = _FRAME.unpack_from(
+        view, 0
+    )
     if magic != _MAGIC:
         raise CodecError("not an encoded KV stream (bad magic)")
     if got_tag != tag:
-        raise CodecError(
-            f"encoded with codec tag {got_tag!r}, this codec reads {tag!r}"
-        )
+        raise CodecError(f"encoded with codec tag {got_tag!r}, this codec reads {tag!r}")
+    if reserved:
+        raise CodecError("encoded KV frame is corrupted (reserved field set)")
     if version not in versions:
         raise CodecError(f"unsupported {tag.decode(errors='replace')} stream version {version}")
     if dcode != dtype_code(out.dtype):
@@ -233,6 +250,6 @@ def read_frame(buf: Any, tag: bytes, versions: tuple[int, ...], out: torch.Tenso
             f"encoded KV is {len(view)} bytes, its frame says {FRAME_BYTES + body_len} (truncated?)"
         )
     body = view[FRAME_BYTES:]
-    if xxh3_64_intdigest(body) != digest:
+    if _digest(view[:_DIGEST_AT], body) != digest:
         raise CodecError("encoded KV checksum mismatch: corrupted")
     return Frame(body, version, flags, numel)

@@ -213,7 +213,9 @@ def fill_codec_registry(codecs: CodecRegistry, backends: BackendRegistry, strict
     if pm is None:
         return
     order = [p.name for p in backends.plugins if p.status == "ok"]
-    by_plugin = {pm.get_name(impl.plugin): impl for impl in pm.hook.lmcache_register_codecs.get_hookimpls()}
+    by_plugin = {
+        pm.get_name(impl.plugin): impl for impl in pm.hook.lmcache_register_codecs.get_hookimpls()
+    }
     for name in order:
         impl = by_plugin.get(name)
         if impl is None:
@@ -227,7 +229,9 @@ def fill_codec_registry(codecs: CodecRegistry, backends: BackendRegistry, strict
             text = f"{type(exc).__name__}: {exc}"
             codecs.failed.append((name, text))
             if strict:
-                raise PluginError(f"plugin {name!r}: lmcache_register_codecs raised {text}") from exc
+                raise PluginError(
+                    f"plugin {name!r}: lmcache_register_codecs raised {text}"
+                ) from exc
             log.warning("lmcache-core plugin %s: its codecs are skipped: %s", name, text)
         finally:
             codecs.current_provider = "unknown"

@@ -64,7 +64,9 @@ class LosslessCodec:
         threads: int = 1,
     ) -> None:
         if compressor not in COMPRESSORS:
-            raise ValueError(f"compressor must be one of {', '.join(COMPRESSORS)}, not {compressor!r}")
+            raise ValueError(
+                f"compressor must be one of {', '.join(COMPRESSORS)}, not {compressor!r}"
+            )
         if shuffle not in _SHUFFLES:
             raise ValueError(f"shuffle must be one of {', '.join(_SHUFFLES)}, not {shuffle!r}")
         if shuffle == "bit" and not compressor.startswith("blosc2"):
@@ -83,7 +85,11 @@ class LosslessCodec:
         if compressor.startswith("blosc2"):
             import blosc2
 
-            codec = {"lz4": blosc2.Codec.LZ4, "zstd": blosc2.Codec.ZSTD, "blosclz": blosc2.Codec.BLOSCLZ}
+            codec = {
+                "lz4": blosc2.Codec.LZ4,
+                "zstd": blosc2.Codec.ZSTD,
+                "blosclz": blosc2.Codec.BLOSCLZ,
+            }
             filt = {
                 "byte": blosc2.Filter.SHUFFLE,
                 "bit": blosc2.Filter.BITSHUFFLE,
@@ -105,7 +111,9 @@ class LosslessCodec:
         """Compress ``tensor``'s bytes; the view is valid until this thread's next call."""
         src = byte_view(tensor.contiguous())
         itemsize = tensor.element_size()
-        if self.compressor.startswith("blosc2"):
+        if src.size == 0:
+            body = b""
+        elif self.compressor.startswith("blosc2"):
             body = self._blosc_compress(src, itemsize)
         else:
             body = self._shuffled_compress(src, itemsize)
@@ -117,8 +125,6 @@ class LosslessCodec:
     def _blosc_compress(self, src: np.ndarray[Any, Any], itemsize: int) -> bytes:
         import blosc2
 
-        if src.size == 0:
-            return b""
         return bytes(
             blosc2.compress2(
                 src,
@@ -178,7 +184,9 @@ class LosslessCodec:
             raise CodecError(f"compressed chunk holds {nbytes} bytes, tensor needs {dst.size}")
         blosc2.decompress2(body, dst=dst, nthreads=self.threads)
 
-    def _shuffled_decompress(self, body: memoryview, dst: np.ndarray[Any, Any], itemsize: int) -> None:
+    def _shuffled_decompress(
+        self, body: memoryview, dst: np.ndarray[Any, Any], itemsize: int
+    ) -> None:
         unshuffle = self.shuffle != "none" and itemsize > 1
         target = self._scratch.numpy("shuffle", dst.size) if unshuffle else dst
         if self.compressor == "zstd":

@@ -49,7 +49,11 @@ _FP8_MAX = 448.0
 
 
 def _check_group(group_size: int, even: bool) -> int:
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or not 2 <= group_size <= 4096:
+    if (
+        isinstance(group_size, bool)
+        or not isinstance(group_size, int)
+        or not 2 <= group_size <= 4096
+    ):
         raise ValueError(f"group_size must be an integer 2-4096, not {group_size!r}")
     if even and group_size % 2:
         raise ValueError(f"group_size must be even for int4, not {group_size}")
@@ -109,7 +113,11 @@ class _GroupCodec:
             tmp.numpy()[:] = body
             data = tmp
         else:
-            data = torch.frombuffer(body, dtype=torch.uint8) if len(body) else torch.empty(0, dtype=torch.uint8)
+            data = (
+                torch.frombuffer(body, dtype=torch.uint8)
+                if len(body)
+                else torch.empty(0, dtype=torch.uint8)
+            )
         return data[_HEAD.size :], flags, out.numel()
 
     @staticmethod
@@ -146,7 +154,9 @@ class _IntCodec(_GroupCodec):
         scale_p = scale.to(pdtype)
         low = scale_p.float() < scale
         if bool(low.any()):
-            scale_p = torch.where(low, torch.nextafter(scale_p, torch.full_like(scale_p, float("inf"))), scale_p)
+            scale_p = torch.where(
+                low, torch.nextafter(scale_p, torch.full_like(scale_p, float("inf"))), scale_p
+            )
         scale_p = torch.where(scale_p > 0, scale_p, torch.ones_like(scale_p))
         sc32 = scale_p.float()
         q = v.sub(mn32[:, None]).div_(sc32[:, None]).round_().clamp_(0, levels).to(torch.uint8)
@@ -181,7 +191,9 @@ class _IntCodec(_GroupCodec):
         pdtype = torch.float32 if flags & _F32_PARAMS else torch.float16
         qbytes = ng * g if self.bits == 8 else ng * g // 2
         if len(data) != 2 * ng * psize + qbytes:
-            raise CodecError(f"{self.name} stream has {len(data)} bytes of data, expected {2 * ng * psize + qbytes}")
+            raise CodecError(
+                f"{self.name} stream has {len(data)} bytes of data, expected {2 * ng * psize + qbytes}"
+            )
         mn = self._scratch.get("mn", ng, torch.float32)
         sc = self._scratch.get("sc", ng, torch.float32)
         mn.copy_(data[: ng * psize].view(pdtype))
@@ -194,15 +206,14 @@ class _IntCodec(_GroupCodec):
             torch.bitwise_right_shift(packed, 4, out=unpacked[:, 1::2])
             q = unpacked
         q = q.view(ng, g)
-        if out.dtype == torch.float32 and ng * g == n:
-            vals = out.view(ng, g)
-            torch.mul(q, sc[:, None], out=vals)
-            vals.add_(mn[:, None])
-            return
-        vals = self._scratch.get("y", ng * g, torch.float32).view(ng, g)
-        torch.mul(q, sc[:, None], out=vals)
-        vals.add_(mn[:, None])
-        self._finish(out, vals, n)
+        direct = out.dtype == torch.float32 and ng * g == n
+        vals = (
+            out.view(ng, g) if direct else self._scratch.get("y", ng * g, torch.float32).view(ng, g)
+        )
+        vals.copy_(q)  # converts in its loop; the in-place ops below allocate nothing
+        vals.mul_(sc[:, None]).add_(mn[:, None])
+        if not direct:
+            self._finish(out, vals, n)
 
 
 class Int8Codec(_IntCodec):
@@ -264,7 +275,9 @@ class Fp8Codec(_GroupCodec):
         g = self.group_size
         ng = -(-n // g)
         if len(data) != 2 * ng + ng * g:
-            raise CodecError(f"fp8 stream has {len(data)} bytes of data, expected {2 * ng + ng * g}")
+            raise CodecError(
+                f"fp8 stream has {len(data)} bytes of data, expected {2 * ng + ng * g}"
+            )
         if n == 0:
             return
         sc = self._scratch.get("sc", ng, torch.float32)
