@@ -115,6 +115,7 @@ import torch
 
 from . import format as fmt
 from .backend import BaseBackend
+from .codecs import envelope_codec
 from .errors import ConfigError, FormatError
 from .keys import CacheEngineKey, Namespace
 from .maintenance import EntryInfo, ProgressCallback
@@ -225,14 +226,15 @@ def encode_object(
     the caller's tensor changes meanwhile."""
     src = value.contiguous()
     shape = tuple(src.shape)
-    hlen = len(fmt.encode_header(key, namespace, src.dtype, shape, _DUMMY_CHECKSUM))
+    codec = envelope_codec(src)  # "raw", or the codec of a coded chunk's envelope
+    hlen = len(fmt.encode_header(key, namespace, src.dtype, shape, _DUMMY_CHECKSUM, codec))
     n = _nbytes(src)
     buf = torch.empty(hlen + n, dtype=torch.uint8) if buffer is None else buffer(hlen + n)
     if n:
         copy_into(buf[hlen:], as_bytes(src))
     view = fmt.tensor_bytes(buf)
     digest = checksum_at(buf.data_ptr() + hlen, n, view[hlen:])
-    header = fmt.encode_header(key, namespace, src.dtype, shape, digest)
+    header = fmt.encode_header(key, namespace, src.dtype, shape, digest, codec)
     view[:hlen] = header
     return view.toreadonly()
 

@@ -44,13 +44,18 @@ from .errors import FormatError
 __all__ = [
     "FRAME_BYTES",
     "CodecError",
+    "Envelope",
     "Frame",
     "KVCodec",
     "Scratch",
     "byte_view",
     "codec_label",
     "dtype_code",
+    "envelope_codec",
+    "read_envelope",
     "read_frame",
+    "unwrap_envelope_into",
+    "wrap_envelope",
     "write_frame",
 ]
 
@@ -253,3 +258,126 @@ def read_frame(buf: Any, tag: bytes, versions: tuple[int, ...], out: torch.Tenso
     if _digest(view[:_DIGEST_AT], body) != digest:
         raise CodecError("encoded KV checksum mismatch: corrupted")
     return Frame(body, version, flags, numel)
+
+
+# ---------------------------------------------------------------------------- envelope
+# A tier with a codec stores, as the object's tensor, a uint8 *envelope*: this magic, the
+# JSON length, a JSON document naming the codec, its options and the decoded tensor's
+# dtype and shape, padding to 8 bytes, then the codec's stream. Backends store it like
+# any tensor; the object header records the codec (:func:`envelope_codec`).
+_ENV_MAGIC = b"LMKE"
+_ENV_HEAD = struct.Struct("<4sI")
+_ENV_MAX_JSON = 1 << 16
+
+
+class Envelope:
+    """What :func:`read_envelope` found: codec label parts, decoded dtype/shape, stream."""
+
+    __slots__ = ("codec", "dtype", "options", "shape", "stream")
+
+    def __init__(
+        self,
+        codec: str,
+        options: dict[str, Any],
+        dtype: str,
+        shape: tuple[int, ...],
+        stream: memoryview,
+    ) -> None:
+        self.codec = codec
+        self.options = options
+        self.dtype = dtype
+        self.shape = shape
+        self.stream = stream
+
+    @property
+    def label(self) -> str:
+        """``codec_label(codec, options)``."""
+        return codec_label(self.codec, self.options)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def wrap_envelope(codec: KVCodec, tensor: torch.Tensor) -> torch.Tensor:
+    """Encode ``tensor`` with ``codec`` into a new uint8 tensor (the stored value)."""
+    stream = codec.encode(tensor)
+    doc = json.dumps(
+        {
+            "codec": codec.name,
+            "options": codec.options(),
+            "dtype": _dtype_name(tensor.dtype),
+            "shape": list(tensor.shape),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode("utf-8")
+    head = _ENV_HEAD.size + len(doc)
+    head += -head % 8
+    out = torch.empty(head + len(stream), dtype=torch.uint8)
+    view = out.numpy()
+    view[: _ENV_HEAD.size] = np.frombuffer(_ENV_HEAD.pack(_ENV_MAGIC, len(doc)), dtype=np.uint8)
+    view[_ENV_HEAD.size : _ENV_HEAD.size + len(doc)] = np.frombuffer(doc, dtype=np.uint8)
+    view[_ENV_HEAD.size + len(doc) : head] = 0
+    view[head:] = np.frombuffer(stream, dtype=np.uint8)
+    return out
+
+
+def read_envelope(value: Any) -> Envelope:
+    """Parse an envelope (a uint8 tensor or bytes); :class:`CodecError` if it is not one."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype != torch.uint8 or value.dim() != 1:
+            raise CodecError(
+                f"not a coded chunk (a {value.dtype} tensor of shape {list(value.shape)})"
+            )
+        view = memoryview(byte_view(value))
+    else:
+        view = memoryview(value).cast("B")
+    if len(view) < _ENV_HEAD.size:
+        raise CodecError("coded chunk is truncated")
+    magic, n = _ENV_HEAD.unpack_from(view, 0)
+    if magic != _ENV_MAGIC or n > _ENV_MAX_JSON or _ENV_HEAD.size + n > len(view):
+        raise CodecError("not a coded chunk (bad envelope)")
+    try:
+        doc = json.loads(bytes(view[_ENV_HEAD.size : _ENV_HEAD.size + n]).decode("utf-8"))
+        codec = doc["codec"]
+        options = doc["options"]
+        dtype = doc["dtype"]
+        shape = tuple(int(s) for s in doc["shape"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CodecError(f"coded chunk has a bad envelope: {exc}") from None
+    if not isinstance(codec, str) or not isinstance(options, dict) or not isinstance(dtype, str):
+        raise CodecError("coded chunk has a bad envelope")
+    head = _ENV_HEAD.size + n
+    head += -head % 8
+    return Envelope(codec, options, dtype, shape, view[head:])
+
+
+def envelope_codec(value: torch.Tensor) -> str:
+    """The codec label of a stored value: ``raw`` unless it is a coded chunk's envelope
+    (what an object's header records as its ``codec``)."""
+    if value.dtype != torch.uint8 or value.dim() != 1 or value.numel() < _ENV_HEAD.size:
+        return "raw"
+    if bytes(byte_view(value[:4])) != _ENV_MAGIC:
+        return "raw"
+    try:
+        return read_envelope(value).label
+    except CodecError:
+        return "raw"
+
+
+def unwrap_envelope_into(codec: KVCodec, value: Any, out: torch.Tensor) -> None:
+    """Decode a stored envelope into ``out`` with ``codec``.
+
+    Raises :class:`CodecError` when the value is not an envelope of this codec with these
+    options, or was encoded from a tensor of another dtype or shape than ``out``."""
+    env = read_envelope(value)
+    if env.codec != codec.name or env.options != codec.options():
+        raise CodecError(
+            f"chunk was coded with {env.label}, this tier decodes {codec_label(codec.name, codec.options())}"
+        )
+    if env.dtype != _dtype_name(out.dtype) or env.shape != tuple(out.shape):
+        raise CodecError(
+            f"coded chunk holds {env.dtype}{list(env.shape)}, the buffer is {_dtype_name(out.dtype)}{list(out.shape)}"
+        )
+    codec.decode_into(env.stream, out)

@@ -14,7 +14,9 @@ The JSON header is padded with spaces so the data region starts on a 4096-byte b
 ``key``             the :class:`~lmcache_core.CacheEngineKey` string
 ``namespace``       the :class:`~lmcache_core.Namespace` JSON
 ``checksum``        ``xxh3_128:<32 hex>`` of the data region
-``codec``           ``"raw"`` (no transformation of the tensor bytes)
+``codec``           ``"raw"`` (the tensor is the chunk), or the codec label (name and
+                    options JSON, :func:`lmcache_core.codecs.codec_label`) of a coded
+                    chunk, whose tensor is then a uint8 envelope its tier decodes
 
 Readers check all of it: a truncated, corrupted or foreign object raises
 :class:`~lmcache_core.errors.FormatError`, which backends turn into a miss. Encoding and

@@ -93,8 +93,15 @@ class HeaderTemplate:
 
     __slots__ = ("bytes", "digits_at")
 
-    def __init__(self, key: str, ns_json: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
-        self.bytes = fmt.encode_header(key, ns_json, dtype, shape, _DUMMY_CHECKSUM)
+    def __init__(
+        self,
+        key: str,
+        ns_json: str,
+        dtype: torch.dtype,
+        shape: tuple[int, ...],
+        codec: str = "raw",
+    ) -> None:
+        self.bytes = fmt.encode_header(key, ns_json, dtype, shape, _DUMMY_CHECKSUM, codec)
         # '"checksum":"' cannot occur inside a JSON string value (its quotes would be
         # escaped), so the first match is the metadata field itself.
         self.digits_at = self.bytes.index(_CHECKSUM_FIELD) + len(_CHECKSUM_FIELD)
@@ -122,8 +129,9 @@ def check_canonical(raw: memoryview | bytes, header: fmt.ObjectHeader) -> None:
 
     JSON parsing alone would accept a padding space flipped into a tab or newline.
     """
-    if header.codec != "raw":
-        raise FormatError(f"codec {header.codec!r} is not supported by the disk tier")
+    if header.codec != "raw" and (header.dtype != torch.uint8 or len(header.shape) != 1):
+        # a coded chunk (lmcache_core.codecs) is a 1-D uint8 envelope, decoded by its tier
+        raise FormatError(f"codec {header.codec!r} on a {header.dtype} tensor: not a coded chunk")
     extra = {k: v for k, v in header.metadata.items() if k not in _STANDARD_META}
     expected = fmt.encode_header(
         header.key,

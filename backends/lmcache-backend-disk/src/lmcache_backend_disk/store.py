@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lmcache_core.codecs import envelope_codec
 from lmcache_core.keys import CacheEngineKey
 
 from . import layout
@@ -68,7 +69,9 @@ class DiskStore(DiskState):
     def _plan(self, key: CacheEngineKey, value: torch.Tensor) -> _Write:
         rel = self._rel(key)
         tmp = layout.temp_relpath(rel, self.owner, next(self._seq))
-        template = HeaderTemplate(key.to_string(), self._ns_json, value.dtype, tuple(value.shape))
+        template = HeaderTemplate(
+            key.to_string(), self._ns_json, value.dtype, tuple(value.shape), envelope_codec(value)
+        )
         size = len(template) + value.numel() * value.element_size()
         return _Write(template, rel, tmp, size, value)
 
