@@ -1,0 +1,100 @@
+"""A tier's KV codec: encodes what the tier stores, decodes what it loads, counts both.
+
+A tier configured with ``codec:`` stores every chunk as a coded envelope (a uint8
+tensor, :func:`lmcache_core.codecs.wrap_envelope`) and decodes it into the caller's
+buffer on load. A stored value that does not decode (damaged, another codec's or
+options', another dtype or shape) is a miss, counted in ``decode_errors``; a chunk the
+codec refuses to encode (non-finite values for a lossy codec) is not stored, counted in
+``encode_errors``. The work runs on a thread, off the event loop.
+
+Every codec of a hierarchy is recorded in its namespace (:func:`namespace_codec`): a
+coded tier's objects are envelopes, which a hierarchy without that codec must never be
+offered, and a lossy codec's chunks are not the exact KV, which an exact instance must
+never load. Two hierarchies sharing a disk path or bucket with different codecs (or
+none) therefore never see each other's chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .codecs import CodecError, KVCodec, codec_label, unwrap_envelope_into, wrap_envelope
+
+__all__ = ["TierCodec", "namespace_codec"]
+
+log = logging.getLogger("lmcache_core.codecs")
+
+
+def namespace_codec(labels: Sequence[tuple[str, bool]]) -> str:
+    """The namespace's ``codec`` field for a hierarchy whose tiers use these codecs
+    (``(label, lossless)`` pairs): empty without codecs, else ``lossy:`` or
+    ``lossless:`` followed by the sorted, distinct labels joined with ``+``."""
+    if not labels:
+        return ""
+    kind = "lossless" if all(lossless for _, lossless in labels) else "lossy"
+    return f"{kind}:" + "+".join(sorted({label for label, _ in labels}))
+
+
+class TierCodec:
+    """One tier's codec with its counters (thread-safe)."""
+
+    def __init__(self, codec: KVCodec) -> None:
+        self.codec = codec
+        self.label = codec_label(codec.name, codec.options())
+        self.lossless = bool(codec.lossless)
+        self._lock = threading.Lock()
+        self._counts = {
+            "encoded": 0,
+            "decoded": 0,
+            "encode_errors": 0,
+            "decode_errors": 0,
+            "raw_bytes_encoded": 0,
+            "coded_bytes_written": 0,
+            "coded_bytes_read": 0,
+        }
+
+    def _add(self, **delta: int) -> None:
+        with self._lock:
+            for k, v in delta.items():
+                self._counts[k] += v
+
+    def encode(self, value: torch.Tensor) -> torch.Tensor | None:
+        """The envelope to store for ``value``, or ``None`` (counted) if it cannot be coded."""
+        try:
+            env = wrap_envelope(self.codec, value)
+        except CodecError as exc:
+            self._add(encode_errors=1)
+            log.debug("codec %s refused a chunk: %s", self.label, exc)
+            return None
+        self._add(encoded=1, raw_bytes_encoded=value.nbytes, coded_bytes_written=env.nbytes)
+        return env
+
+    def decode_into(self, stored: torch.Tensor, out: torch.Tensor) -> bool:
+        """Decode a stored envelope into ``out``; ``False`` (a miss, counted) if it cannot."""
+        try:
+            unwrap_envelope_into(self.codec, stored, out)
+        except CodecError as exc:
+            self._add(decode_errors=1)
+            log.warning("codec %s: a stored chunk does not decode (a miss): %s", self.label, exc)
+            return False
+        self._add(decoded=1, coded_bytes_read=stored.nbytes)
+        return True
+
+    async def encode_async(self, value: torch.Tensor) -> torch.Tensor | None:
+        """:meth:`encode` on a thread."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.encode, value)
+
+    async def decode_into_async(self, stored: torch.Tensor, out: torch.Tensor) -> bool:
+        """:meth:`decode_into` on a thread."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.decode_into, stored, out)
+
+    def stats(self) -> dict[str, Any]:
+        """The codec's label and counters."""
+        with self._lock:
+            return {"codec": self.label, "lossless": self.lossless, **self._counts}
