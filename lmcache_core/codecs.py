@@ -330,7 +330,7 @@ def read_envelope(value: Any) -> Envelope:
             raise CodecError(
                 f"not a coded chunk (a {value.dtype} tensor of shape {list(value.shape)})"
             )
-        view = memoryview(byte_view(value))
+        view = memoryview(byte_view(value).data).cast("B")
     else:
         view = memoryview(value).cast("B")
     if len(view) < _ENV_HEAD.size:

@@ -143,6 +143,12 @@ class TierSettings:
         {}, kind="dict", doc="Write policy of this tier (see the write table)."
     )
     promote: bool = option(True, doc="Copy chunks loaded from this tier into the tiers above it.")
+    codec: dict[str, Any] | None = option(  # noqa: RUF009
+        None,
+        kind="dict",
+        doc="KV codec of this tier: a codec name (`lossless`, `int8`, `cachegen`, ...) or "
+        "`{name: ..., options: {...}}` (docs/codecs.md). Default: none (chunks stored as they are).",
+    )
     load_deadline_ms: float | None = option(
         None,
         kind="float",
@@ -235,6 +241,10 @@ class TierConfig:
     write_concurrency: int = 4
     retry_backoff_ms: float = 500.0
     retry_backoff_max_ms: float = 30000.0
+    #: ``{"name": ..., "options": {...}}`` of the tier's KV codec, or ``None``.
+    codec: dict[str, Any] | None = None
+    #: The codec instance (``lmcache_core.codecs.KVCodec``), or ``None``.
+    codec_impl: Any = field(default=None, repr=False, compare=False)
     #: Names of options whose value came from ``$env`` (``"url"`` also when the URL did).
     env_options: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
 
@@ -750,7 +760,11 @@ def _build_tiers(
         if not isinstance(raw, Mapping):
             raise ConfigError(f"expected a mapping, got {type(raw).__name__}", where)
         _check_keys(TierSettings, raw, where)
+        raw = dict(raw)
+        if isinstance(raw.get("codec"), str):
+            raw["codec"] = {"name": raw["codec"]}
         ts = build_options(TierSettings, raw, path=where, hidden=hidden)
+        codec, codec_impl = _build_codec(ts.codec, f"{where}.codec", None)
         _check_keys(WriteSettings, ts.write, f"{where}.write")
         write = build_options(WriteSettings, ts.write, path=f"{where}.write", hidden=hidden)
         cls, backend_name, url, options = _resolve_backend(
@@ -776,6 +790,12 @@ def _build_tiers(
         if i == 0 and write.policy != "through":
             raise ConfigError(
                 "the first tier receives every store: its policy must be 'through'",
+                f"{where}.write.policy",
+            )
+        if write.policy == "back" and out[i - 1].codec is not None:
+            raise ConfigError(
+                f"write-back hands this tier the evicted chunks of {out[i - 1].name!r}, which "
+                "are coded by its codec; use policy 'through' below a tier with a codec",
                 f"{where}.write.policy",
             )
         if write.policy == "back":
@@ -807,10 +827,49 @@ def _build_tiers(
                 write_concurrency=ts.write_concurrency,
                 retry_backoff_ms=ts.retry_backoff_ms,
                 retry_backoff_max_ms=max(ts.retry_backoff_ms, ts.retry_backoff_max_ms),
+                codec=codec,
+                codec_impl=codec_impl,
                 env_options=frozenset(env_options),
             )
         )
     return tuple(out)
+
+
+def _build_codec(
+    raw: Mapping[str, Any] | None, where: str, codecs: Any
+) -> tuple[dict[str, Any] | None, Any]:
+    """A tier's ``codec`` entry checked and instantiated: ``({"name", "options"}, codec)``.
+
+    An unknown name is a :class:`ConfigError` naming the plugin that provides it."""
+    if raw is None:
+        return None, None
+    allowed = {"name", "options"}
+    for key in raw:
+        if key not in allowed:
+            raise ConfigError("unknown key (known: name, options)", _join(where, str(key)))
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError("a codec needs a name (e.g. lossless, int8, cachegen)", f"{where}.name")
+    options = raw.get("options", {}) or {}
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"expected a mapping, got {type(options).__name__}", f"{where}.options")
+    if codecs is None:
+        from .plugins.codec_registry import get_codec_registry
+
+        codecs = get_codec_registry()
+    from .errors import UnknownCodecError
+
+    try:
+        spec = codecs.get(name)
+    except UnknownCodecError as exc:
+        raise ConfigError(str(exc), f"{where}.name") from None
+    try:
+        impl = spec.create(options)
+    except ValueError as exc:
+        raise ConfigError(str(exc), f"{where}.options") from None
+    except Exception as exc:  # a codec plugin that cannot be imported
+        raise ConfigError(f"{type(exc).__name__}: {exc}", f"{where}.name") from None
+    return {"name": name, "options": dict(impl.options())}, impl
 
 
 def _secret_options(options: Any) -> tuple[list[str], set[str]]:

@@ -650,7 +650,12 @@ class TieredHierarchy(BaseBackend):
             if implements(top.backend, ThreadSafeLoads)
             else None
         )
-        if fast is None or top.load_deadline is not None or not top.health.usable():
+        if (
+            fast is None
+            or top.codec is not None  # coded chunks are decoded on a thread, by the tier
+            or top.load_deadline is not None
+            or not top.health.usable()
+        ):
             return None
         try:
             res = fast(keys, outs)
@@ -884,6 +889,7 @@ class TieredHierarchy(BaseBackend):
         )
         if (
             fast is None
+            or top.codec is not None
             or not top.started
             or top.health.consecutive_errors
             or top.cfg.admit_after > 1

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_NAMESPACE",
+    "configured_codec",
     "configured_namespace",
     "namespace_label",
     "namespace_warnings",
@@ -44,8 +45,29 @@ def _salt_id(cfg: CacheConfig) -> str:
     return ChunkedTokenDatabase.salt_id(cfg.hash_salt)
 
 
+def configured_codec(cfg: CacheConfig) -> str:
+    """The namespace ``codec`` field of ``cfg``'s tier codecs (empty without any): a
+    lossy codec on any tier makes the whole namespace lossy (see
+    :func:`lmcache_core.tier_codec.namespace_codec`)."""
+    from .tier_codec import namespace_codec
+
+    labels = []
+    for t in cfg.tiers:
+        if t.codec_impl is not None:
+            from .codecs import codec_label
+
+            labels.append(
+                (
+                    codec_label(t.codec_impl.name, t.codec_impl.options()),
+                    bool(t.codec_impl.lossless),
+                )
+            )
+    return namespace_codec(labels)
+
+
 def configured_namespace(cfg: CacheConfig) -> Namespace:
-    """The namespace ``cfg`` names, or the ``default`` one when it names none."""
+    """The namespace ``cfg`` names, or the ``default`` one when it names none (with the
+    tiers' codecs, :func:`configured_codec`)."""
     ns = cfg.namespace
     name = DEFAULT_NAMESPACE if ns is None else ns.name
     try:
@@ -56,6 +78,7 @@ def configured_namespace(cfg: CacheConfig) -> Namespace:
             chunk_size=cfg.chunk_size,
             hash_algorithm=cfg.hash_algorithm,
             hash_salt_id=_salt_id(cfg),
+            codec=configured_codec(cfg),
             extra=((NAME_KEY, name),) if name else (),
         )
     except KeyFormatError as exc:
@@ -78,6 +101,15 @@ def resolve_namespace(
     """
     if given is None:
         return configured_namespace(cfg)
+    codec = configured_codec(cfg)
+    if codec and given.codec != codec:
+        if given.codec:
+            raise ConfigError(
+                f"the tiers' codecs make the namespace {codec!r} but {who} records codec "
+                f"{given.codec!r}; make them agree",
+                "tiers",
+            )
+        given = dataclasses.replace(given, codec=codec)
     ns = cfg.namespace
     if ns is None:
         return given

@@ -24,9 +24,16 @@ from typing import Any
 
 import torch
 
-from .codecs import CodecError, KVCodec, codec_label, unwrap_envelope_into, wrap_envelope
+from .codecs import (
+    CodecError,
+    KVCodec,
+    codec_label,
+    read_envelope,
+    unwrap_envelope_into,
+    wrap_envelope,
+)
 
-__all__ = ["TierCodec", "namespace_codec"]
+__all__ = ["CodedBackendView", "TierCodec", "namespace_codec"]
 
 log = logging.getLogger("lmcache_core.codecs")
 
@@ -86,6 +93,17 @@ class TierCodec:
         self._add(decoded=1, coded_bytes_read=stored.nbytes)
         return True
 
+    def decode_new(self, stored: torch.Tensor) -> torch.Tensor | None:
+        """Decode a stored envelope into a new tensor; ``None`` (counted) if it cannot."""
+        try:
+            env = read_envelope(stored)
+            out = torch.empty(env.shape, dtype=getattr(torch, env.dtype))
+        except (CodecError, AttributeError, TypeError, RuntimeError, ValueError) as exc:
+            self._add(decode_errors=1)
+            log.warning("codec %s: a stored chunk does not decode (a miss): %s", self.label, exc)
+            return None
+        return out if self.decode_into(stored, out) else None
+
     async def encode_async(self, value: torch.Tensor) -> torch.Tensor | None:
         """:meth:`encode` on a thread."""
         return await asyncio.get_running_loop().run_in_executor(None, self.encode, value)
@@ -98,3 +116,56 @@ class TierCodec:
         """The codec's label and counters."""
         with self._lock:
             return {"codec": self.label, "lossless": self.lossless, **self._counts}
+
+
+class CodedBackendView:
+    """The data operations of a backend seen through a tier's codec: stores write
+    envelopes, loads decode them (into the caller's buffer, or a new tensor). Presence,
+    pins and everything else go to the backend itself."""
+
+    def __init__(self, backend: Any, codec: TierCodec) -> None:
+        self.backend = backend
+        self.codec = codec
+
+    async def get(self, key: Any) -> torch.Tensor | None:
+        """The decoded chunk, or ``None`` (missing or not decodable)."""
+        return (await self.batched_get([key]))[0]
+
+    async def batched_get(self, keys: Sequence[Any]) -> list[torch.Tensor | None]:
+        """``get`` for each key (one thread hop for the batch's decoding)."""
+        stored = list(await self.backend.batched_get(keys))
+        codec = self.codec
+
+        def decode_all() -> list[torch.Tensor | None]:
+            return [None if s is None else codec.decode_new(s) for s in stored]
+
+        if not any(s is not None for s in stored):
+            return [None] * len(keys)
+        return await asyncio.get_running_loop().run_in_executor(None, decode_all)
+
+    async def get_into(self, key: Any, out: torch.Tensor) -> bool:
+        """Decode ``key``'s chunk into ``out``; ``False`` on a miss."""
+        return (await self.batched_get_into([key], [out]))[0]
+
+    async def batched_get_into(
+        self, keys: Sequence[Any], outs: Sequence[torch.Tensor]
+    ) -> list[bool]:
+        """``get_into`` for each pair (one thread hop for the batch's decoding)."""
+        stored = list(await self.backend.batched_get(keys))
+        codec = self.codec
+
+        def decode_all() -> list[bool]:
+            return [
+                s is not None and codec.decode_into(s, o) for s, o in zip(stored, outs, strict=True)
+            ]
+
+        if not any(s is not None for s in stored):
+            return [False] * len(keys)
+        return await asyncio.get_running_loop().run_in_executor(None, decode_all)
+
+    async def put(self, key: Any, value: torch.Tensor, donate: bool = False) -> bool:
+        """Encode ``value`` and store the envelope (a new tensor: donated to the backend)."""
+        env = await self.codec.encode_async(value)
+        if env is None:
+            return False
+        return bool(await self.backend.put(key, env, donate=True))

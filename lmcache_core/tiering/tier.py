@@ -24,6 +24,7 @@ from ..errors import BufferMismatchError, ConfigError
 from ..interface import BatchedPinning, Pinning, PrefixContains, implements
 from ..keys import CacheEngineKey
 from ..stats import TierStats
+from ..tier_codec import CodedBackendView, TierCodec
 from .admission import BoundedKeySet, SightingCounter
 from .health import TierHealth
 from .staging import StagedChunk, StagingPool
@@ -85,6 +86,10 @@ class Tier:
             concurrency=cfg.write_concurrency,
             name=cfg.name,
         )
+        #: The tier's codec (``codec:`` in its configuration), or ``None``.
+        self.codec = TierCodec(cfg.codec_impl) if cfg.codec_impl is not None else None
+        #: Where loads and stores go: the backend, or the backend through the codec.
+        self.data: Any = backend if self.codec is None else CodedBackendView(backend, self.codec)
         self.can_pin = implements(backend, Pinning)
         self.started = False
         self._abandoned = 0
@@ -266,10 +271,10 @@ class Tier:
     async def get(self, key: CacheEngineKey) -> torch.Tensor | None:
         t0 = time.perf_counter()
         if self.load_deadline is None:
-            value = await self._call("load", lambda: self.backend.get(key), None)
+            value = await self._call("load", lambda: self.data.get(key), None)
         else:
             value = await self._call(
-                "load", lambda: self._with_load_deadline(lambda: self.backend.get(key)), None
+                "load", lambda: self._with_load_deadline(lambda: self.data.get(key)), None
             )
         self._count_loads([value is not None], [0 if value is None else _nbytes(value)], t0)
         return value if isinstance(value, torch.Tensor) else None
@@ -278,11 +283,11 @@ class Tier:
         t0 = time.perf_counter()
         miss: list[torch.Tensor | None] = [None] * len(keys)
         if self.load_deadline is None:
-            values = await self._call("load", lambda: self.backend.batched_get(keys), miss)
+            values = await self._call("load", lambda: self.data.batched_get(keys), miss)
         else:
             values = await self._call(
                 "load",
-                lambda: self._with_load_deadline(lambda: self.backend.batched_get(keys)),
+                lambda: self._with_load_deadline(lambda: self.data.batched_get(keys)),
                 miss,
             )
         self._count_loads(
@@ -304,7 +309,7 @@ class Tier:
                 hits = await self._call("load", lambda: self._one_into(keys[0], outs[0]), miss)
             else:
                 hits = await self._call(
-                    "load", lambda: self.backend.batched_get_into(keys, outs), miss
+                    "load", lambda: self.data.batched_get_into(keys, outs), miss
                 )
         else:
             hits = await self._call("load", lambda: self._staged_into(keys, outs, single), miss)
@@ -312,7 +317,7 @@ class Tier:
         return list(hits)
 
     async def _one_into(self, key: CacheEngineKey, out: torch.Tensor) -> list[bool]:
-        return [bool(await self.backend.get_into(key, out))]
+        return [bool(await self.data.get_into(key, out))]
 
     async def _staged_into(
         self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor], single: bool
@@ -325,8 +330,8 @@ class Tier:
 
         async def load() -> list[bool]:
             if single:
-                return [bool(await self.backend.get_into(keys[0], staging[0]))]
-            return list(await self.backend.batched_get_into(keys, staging))
+                return [bool(await self.data.get_into(keys[0], staging[0]))]
+            return list(await self.data.batched_get_into(keys, staging))
 
         release = _Release(give_back)
         try:
@@ -374,11 +379,11 @@ class Tier:
         # The last holder of a staged chunk donates it to a memory tier, which keeps the
         # buffer instead of copying it on the event loop. A persistent tier writes the
         # bytes out and keeps nothing: the buffer goes back to the pool for reuse.
-        donate = self._memory_tier and job.chunk.exclusive()
+        donate = self._memory_tier and self.codec is None and job.chunk.exclusive()
         if donate:
             job.chunk.donated()
         try:
-            ok = await self.backend.put(job.key, value, donate)
+            ok = await self.data.put(job.key, value, donate)
         except Exception as exc:
             self.stats.store_failures += 1
             self._failed("store", exc)
@@ -399,7 +404,7 @@ class Tier:
     async def put_now(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
         """A store awaited by the caller (the top tier's)."""
         t0 = time.perf_counter()
-        ok = await self._call("store", lambda: self.backend.put(key, value, donate), False)
+        ok = await self._call("store", lambda: self.data.put(key, value, donate), False)
         self.stats.store_latency.add(time.perf_counter() - t0)
         if ok:
             self.stats.stores += 1
@@ -461,6 +466,7 @@ class Tier:
             "health": self.health.as_dict(),
             "queue_depth": self.writer.depth,
             "abandoned_loads": self._abandoned,
+            **({"codec": self.codec.stats()} if self.codec is not None else {}),
             **self.stats.as_dict(),
             "backend_stats": backend_stats,
         }
