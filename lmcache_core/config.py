@@ -764,7 +764,7 @@ def _build_tiers(
         if isinstance(raw.get("codec"), str):
             raw["codec"] = {"name": raw["codec"]}
         ts = build_options(TierSettings, raw, path=where, hidden=hidden)
-        codec, codec_impl = _build_codec(ts.codec, f"{where}.codec", None)
+        codec, codec_impl = _build_codec(ts.codec, f"{where}.codec", registry)
         _check_keys(WriteSettings, ts.write, f"{where}.write")
         write = build_options(WriteSettings, ts.write, path=f"{where}.write", hidden=hidden)
         cls, backend_name, url, options = _resolve_backend(
@@ -836,7 +836,7 @@ def _build_tiers(
 
 
 def _build_codec(
-    raw: Mapping[str, Any] | None, where: str, codecs: Any
+    raw: Mapping[str, Any] | None, where: str, registry: Any
 ) -> tuple[dict[str, Any] | None, Any]:
     """A tier's ``codec`` entry checked and instantiated: ``({"name", "options"}, codec)``.
 
@@ -853,11 +853,10 @@ def _build_codec(
     options = raw.get("options", {}) or {}
     if not isinstance(options, Mapping):
         raise ConfigError(f"expected a mapping, got {type(options).__name__}", f"{where}.options")
-    if codecs is None:
-        from .plugins.codec_registry import get_codec_registry
-
-        codecs = get_codec_registry()
     from .errors import UnknownCodecError
+    from .plugins.codec_registry import codecs_for
+
+    codecs = codecs_for(registry)
 
     try:
         spec = codecs.get(name)

@@ -30,6 +30,8 @@ __all__ = [
     "CodecRegistry",
     "CodecSpec",
     "codec_install_hint",
+    "codecs_for",
+    "fill_codec_registry",
     "get_codec_registry",
 ]
 
@@ -239,6 +241,24 @@ def fill_codec_registry(codecs: CodecRegistry, backends: BackendRegistry, strict
 
 _lock = threading.Lock()
 _codecs: CodecRegistry | None = None
+
+
+def codecs_for(backends: BackendRegistry | None) -> CodecRegistry:
+    """The codec registry of the plugins ``backends`` loaded: the process-wide one for the
+    process-wide backend registry (or ``None``), else one built once for ``backends``."""
+    from .registry import get_registry
+
+    if backends is None or backends is get_registry():
+        return get_codec_registry()
+    with _lock:
+        reg: CodecRegistry | None = getattr(backends, "_codec_registry", None)
+        if reg is None:
+            from .settings import PluginSettings
+
+            reg = CodecRegistry()
+            fill_codec_registry(reg, backends, PluginSettings.from_env().strict)
+            backends._codec_registry = reg  # type: ignore[attr-defined]
+        return reg
 
 
 def get_codec_registry(*, reload: bool = False) -> CodecRegistry:
