@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 # the CLI and for vLLM's plugin entry point, which run in processes that may never store KV.
 if TYPE_CHECKING:
     from .backend import BaseBackend
-    from .config import CacheConfig, TierConfig, load_config
-    from .default_plugins.cpu import CPUBackend, CPUOptions
+    from .backends.cpu import CPUBackend, CPUOptions
+    from .config.schema import CacheConfig, TierConfig, load_config
     from .errors import (
         BackendClosedError,
         BackendNotStartedError,
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
         TokenInputError,
         TokenTypeError,
     )
-    from .hierarchy import PrefixLookup, TieredHierarchy
+    from .hierarchy.tiered import PrefixLookup, TieredHierarchy
     from .interface import INTERFACE_VERSION, Capabilities, StorageBackend
     from .keys import FORMAT_VERSION, NAMESPACE_VERSION, CacheEngineKey, Namespace
     from .open import open_backend
@@ -44,9 +44,9 @@ _EXPORTS = {
     "BackendNotStartedError": "errors",
     "BaseBackend": "backend",
     "BufferMismatchError": "errors",
-    "CPUBackend": "default_plugins.cpu",
-    "CPUOptions": "default_plugins.cpu",
-    "CacheConfig": "config",
+    "CPUBackend": "backends.cpu",
+    "CPUOptions": "backends.cpu",
+    "CacheConfig": "config.schema",
     "CacheEngineKey": "keys",
     "Capabilities": "interface",
     "ChunkedTokenDatabase": "token_db",
@@ -59,16 +59,16 @@ _EXPORTS = {
     "LMCacheError": "errors",
     "NAMESPACE_VERSION": "keys",
     "Namespace": "keys",
-    "PrefixLookup": "hierarchy",
+    "PrefixLookup": "hierarchy.tiered",
     "SizeFormatError": "errors",
     "StorageBackend": "interface",
     "SyncBackend": "sync",
-    "TierConfig": "config",
-    "TieredHierarchy": "hierarchy",
+    "TierConfig": "config.schema",
+    "TieredHierarchy": "hierarchy.tiered",
     "TokenInputError": "errors",
     "TokenTypeError": "errors",
     "format_bytes": "sizes",
-    "load_config": "config",
+    "load_config": "config.schema",
     "open_backend": "open",
     "parse_bytes": "sizes",
 }

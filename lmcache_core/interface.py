@@ -29,7 +29,7 @@ from .keys import CacheEngineKey
 if TYPE_CHECKING:
     import torch
 
-    from .hierarchy import PrefixLookup
+    from .hierarchy.tiered import PrefixLookup
 
 __all__ = [
     "INTERFACE_VERSION",

@@ -18,7 +18,7 @@ import torch
 import yaml
 from test_config_cli import cli
 
-from lmcache_core.cli import main as cli_main
+from lmcache_core.cli.main import main as cli_main
 from lmcache_core.config import load_config
 from lmcache_core.errors import ConfigError, KeyFormatError
 from lmcache_core.integrations.vllm.settings import parse_settings

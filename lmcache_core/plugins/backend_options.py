@@ -1,7 +1,7 @@
 """Backend option schemas: validation for the config code, descriptions for the CLI and docs.
 
 Every backend class declares ``Options``, a frozen dataclass made with
-:func:`lmcache_core.options.option`. Validation, ``lmcache-core backends`` and the option
+:func:`lmcache_core.config.options.option`. Validation, ``lmcache-core backends`` and the option
 tables in the docs all come from that one declaration.
 """
 
@@ -12,8 +12,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..config.options import build_options, describe_options
 from ..errors import PluginError
-from ..options import build_options, describe_options
 from .registry import BackendSpec
 
 __all__ = [
@@ -34,7 +34,7 @@ def backend_options_class(backend: BackendSpec | type[Any]) -> type[Any]:
     if not (isinstance(opts, type) and dataclasses.is_dataclass(opts)):
         raise PluginError(
             f"backend class {cls.__module__}.{cls.__qualname__} declares no Options dataclass "
-            "(every backend needs `Options = <dataclass made with lmcache_core.options.option>`)"
+            "(every backend needs `Options = <dataclass made with lmcache_core.config.options.option>`)"
         )
     return opts
 

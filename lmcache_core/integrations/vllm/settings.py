@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...config.options import build_options, option
 from ...errors import ConfigError
-from ...options import build_options, option
 
 __all__ = [
     "DEFAULT_STORAGE_CONFIG",
@@ -231,7 +231,7 @@ def parse_settings(
 
 def options_markdown() -> str:
     """The Markdown table of :class:`ConnectorOptions` (embedded in ``docs/vllm.md``)."""
-    from ...options import describe_options
+    from ...config.options import describe_options
 
     lines = ["| Key | Type | Default | Description |", "|---|---|---|---|"]
     for o in describe_options(ConnectorOptions):

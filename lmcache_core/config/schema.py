@@ -18,7 +18,7 @@
         write: {policy: back, admit_after: 2}
 
 The fields, their defaults and their documentation are declared once, below, with
-:func:`lmcache_core.options.option`; ``docs/configuration.md`` embeds the tables
+:func:`lmcache_core.config.options.option`; ``docs/configuration.md`` embeds the tables
 :func:`schema_markdown` generates from them (a test keeps the two identical).
 
 :func:`load_config` validates everything (backend names, URL schemes, every backend
@@ -48,11 +48,11 @@ from urllib.parse import SplitResult, urlsplit
 
 import yaml
 
-from .errors import ConfigError, PluginError
-from .interface import EvictionEvents, check_backend_class, implements
+from ..errors import ConfigError, PluginError
+from ..interface import EvictionEvents, check_backend_class, implements
+from ..redaction import REDACTED, redact_url, register_secrets, scrub_text, url_password
+from ..token_db import HASH_ALGORITHMS
 from .options import build_options, describe_options, option, shown
-from .redaction import REDACTED, redact_url, register_secrets, scrub_text, url_password
-from .token_db import HASH_ALGORITHMS
 
 __all__ = [
     "DEFAULT_TIERS",
@@ -311,7 +311,7 @@ class CacheConfig:
     stats_interval_s: float = 5.0
     drain_timeout_s: float = 10.0
     #: The ``namespace`` section; ``None`` when the configuration names none (the hierarchy
-    #: then uses the visible ``default`` namespace, see :mod:`lmcache_core.namespaces`).
+    #: then uses the visible ``default`` namespace, see :mod:`lmcache_core.config.namespaces`).
     namespace: NamespaceSettings | None = None
     #: Config paths whose value came from ``{"$env": NAME}``, with the variable name.
     env_paths: Mapping[str, str] = field(default_factory=dict, repr=False)
@@ -740,7 +740,7 @@ def _build_tiers(
     if not raw_tiers:
         raise ConfigError("at least one tier is needed", "tiers")
     if registry is None:
-        from .plugins import get_registry
+        from ..plugins import get_registry
 
         registry = get_registry()
     out: list[TierConfig] = []

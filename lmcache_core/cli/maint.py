@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from .cli import add_output_flags, format_table, print_json, wants_json
-from .errors import ConfigError, LMCacheError
-from .interface import EntryChecks, EntryInfo, MaintainableBackend, Reconcilable, implements
-from .keys import CacheEngineKey, Namespace
-from .sizes import format_bytes, parse_bytes
+from ..errors import ConfigError, LMCacheError
+from ..interface import EntryChecks, EntryInfo, MaintainableBackend, Reconcilable, implements
+from ..keys import CacheEngineKey, Namespace
+from ..sizes import format_bytes, parse_bytes
+from .main import add_output_flags, format_table, print_json, wants_json
 
 __all__ = ["ProgressBar", "gc_tier", "parse_duration", "register", "verify_tier"]
 
@@ -173,11 +173,11 @@ def _open_targets(args: argparse.Namespace) -> list[_Target]:
         root = Path(args.path)
         if not (root / ".lmcache-disk").is_dir():
             raise ConfigError(f"{root} is not a disk tier (no .lmcache-disk directory in it)")
-        from .plugins import get_registry
+        from ..plugins import get_registry
 
         cls = get_registry().get("disk").load()
         return [_Target(str(root), cls({"path": str(root), "max_bytes": 1 << 62}, name="disk"))]
-    from .config import load_config
+    from ..config.schema import load_config
 
     if getattr(args, "url", None) is not None:
         options = dict(_option_pair(o) for o in args.option)

@@ -32,11 +32,11 @@ __all__ = [
 ]
 
 COMMAND_MODULES = [
-    "lmcache_core.cli_plugins",
-    "lmcache_core.cli_config",
-    "lmcache_core.cli_inspect",
-    "lmcache_core.cli_maint",
-    "lmcache_core.cli_simulate",
+    "lmcache_core.cli.plugins",
+    "lmcache_core.cli.config",
+    "lmcache_core.cli.inspect",
+    "lmcache_core.cli.maint",
+    "lmcache_core.cli.simulate",
 ]
 
 
@@ -56,7 +56,7 @@ def _import_command_module(name: str) -> Any | None:
 
 
 def _version() -> str:
-    from .plugins.compat import core_version
+    from ..plugins.compat import core_version
 
     return core_version()
 

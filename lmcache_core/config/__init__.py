@@ -1,0 +1,49 @@
+"""Configuration: the schema (:mod:`.schema`), typed options (:mod:`.options`) and the
+hierarchy's namespace (:mod:`.namespaces`).
+
+``from lmcache_core.config import CacheConfig, TierConfig, load_config`` keeps working;
+the names are imported lazily (PEP 562), so importing :mod:`lmcache_core.config.options`
+from a backend does not load the whole schema.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .schema import (
+        DEFAULT_TIERS,
+        REDACTED,
+        CacheConfig,
+        NamespaceSettings,
+        TierConfig,
+        TierSettings,
+        TopLevelSettings,
+        WriteSettings,
+        load_config,
+        redact_url,
+        schema_markdown,
+    )
+
+__all__ = [
+    "DEFAULT_TIERS",
+    "REDACTED",
+    "CacheConfig",
+    "NamespaceSettings",
+    "TierConfig",
+    "TierSettings",
+    "TopLevelSettings",
+    "WriteSettings",
+    "load_config",
+    "redact_url",
+    "schema_markdown",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(".schema", __name__), name)
+    globals()[name] = value
+    return value
