@@ -24,6 +24,7 @@ from fakedist import FIXTURES, write_dist_info
 from lmcache_core.backends.cpu import CPUOptions
 from lmcache_core.cli import main as cli
 from lmcache_core.config.options import describe_options
+from lmcache_core.tables import format_table
 
 SCRIPT = Path(sys.executable).with_name("lmcache-core")
 if not SCRIPT.exists():  # pragma: no cover - e.g. a non-venv interpreter
@@ -216,5 +217,5 @@ def test_command_modules_list():
 
 
 def test_format_table():
-    text = cli.format_table([["a", None], ["bbb", 1]], ["X", "Y"])
+    text = format_table([["a", None], ["bbb", 1]], ["X", "Y"])
     assert text.splitlines() == ["X    Y", "---  -", "a    -", "bbb  1"]

@@ -27,7 +27,8 @@ from ..errors import ConfigError
 from ..hierarchy.stats import read_stats_dir
 from ..interface import MaintainableBackend, implements
 from ..sizes import format_bytes
-from .main import add_output_flags, format_table, print_json, wants_json
+from ..tables import format_table
+from .main import add_output_flags, print_json, wants_json
 
 __all__ = ["inspect_config", "register"]
 

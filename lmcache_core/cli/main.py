@@ -9,8 +9,8 @@ hook (:func:`add_plugin_commands`); a hook that raises is reported and its comma
 left out.
 
 Shared output helpers (:func:`add_output_flags`, :func:`wants_json`, :func:`print_json`,
-:func:`format_table`) keep every subcommand's output alike: a table on a terminal, JSON
-when stdout is not a terminal or with ``--json``.
+:func:`lmcache_core.tables.format_table`) keep every subcommand's output alike: a table
+on a terminal, JSON when stdout is not a terminal or with ``--json``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ __all__ = [
     "add_output_flags",
     "add_plugin_commands",
     "build_parser",
-    "format_table",
     "main",
     "print_json",
     "wants_json",
@@ -170,16 +169,6 @@ def wants_json(args: argparse.Namespace) -> bool:
 def print_json(data: Any) -> None:
     """Print ``data`` as indented JSON (non-JSON values as their ``str``)."""
     print(json.dumps(data, indent=2, default=str))
-
-
-def format_table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
-    """Left-aligned columns separated by two spaces; ``None`` shows as ``-``."""
-    cells = [[str(h) for h in header]]
-    cells += [["-" if c is None else str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def rewrite_docs(

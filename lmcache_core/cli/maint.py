@@ -43,7 +43,8 @@ from ..interface import (
 )
 from ..keys import CacheEngineKey, Namespace
 from ..sizes import format_bytes, parse_bytes
-from .main import add_output_flags, format_table, print_json, wants_json
+from ..tables import format_table
+from .main import add_output_flags, print_json, wants_json
 
 __all__ = ["ProgressBar", "gc_tier", "parse_duration", "register", "verify_tier"]
 
@@ -320,7 +321,7 @@ def run_verify(args: argparse.Namespace) -> int:
     if wants_json(args):
         print_json({"verify": rows})
     else:
-        table = [[r["tier"], r.get("checked"), _fmt_bytes(r.get("bytes")), r.get("bad"),
+        table = [[r["tier"], r.get("checked"), format_bytes(r["bytes"]) if "bytes" in r else None, r.get("bad"),
                   r.get("deleted"), r.get("error") or r.get("skipped") or ""] for r in rows]  # fmt: skip
         print(format_table(table, ["tier", "checked", "bytes", "bad", "deleted", "note"]))
         for r in rows:
@@ -460,7 +461,3 @@ def run_gc(args: argparse.Namespace) -> int:
         header = ["tier", "scanned", "purged", "expired", "trimmed", "remaining", "note"]
         print(format_table(table, header))
     return 1 if any("error" in r for r in rows) else 0
-
-
-def _fmt_bytes(n: Any) -> str | None:
-    return None if n is None else format_bytes(n)

@@ -33,7 +33,8 @@ from ..plugins.loader import load_plugins
 from ..plugins.registry import KNOWN_BACKENDS, BackendRegistry, BackendSpec, install_hint
 from ..plugins.report import ERROR_STATUSES
 from ..plugins.settings import PluginSettings
-from .main import add_output_flags, format_table, print_json, rewrite_docs, wants_json
+from ..tables import format_table
+from .main import add_output_flags, print_json, rewrite_docs, wants_json
 
 __all__ = ["backends_report", "plugins_report", "register"]
 

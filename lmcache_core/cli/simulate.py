@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .main import add_output_flags, format_table, print_json, wants_json
+from ..tables import format_table
+from .main import add_output_flags, print_json, wants_json
 
 __all__ = ["register", "run_simulate"]
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import json
 import os
 import re
@@ -51,6 +50,7 @@ import yaml
 from ..errors import ConfigError, PluginError
 from ..interface import EvictionEvents, check_backend_class, implements
 from ..redaction import REDACTED, redact_url, register_secrets, scrub_text, url_password
+from ..tables import markdown_table
 from ..token_db import HASH_ALGORITHMS
 from .options import build_options, describe_options, option, shown
 
@@ -917,23 +917,18 @@ def _split_url(url: str, where: str, secret: bool) -> SplitResult:
 
 
 def _import_class(target: str, where: str) -> type[Any]:
-    mod_name, sep, attr = target.strip().partition(":")
-    if not sep or not mod_name or not attr:
-        raise ConfigError(f"{target!r} must look like 'package.module:Class'", where)
+    """``backend_class: "pkg.mod:Class"`` through the one class loader of the plugins."""
+    from ..plugins.registry import BackendLoadError, load_backend_class
+
     try:
-        obj: Any = importlib.import_module(mod_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except Exception as exc:
-        raise ConfigError(f"cannot import {target!r}: {type(exc).__name__}: {exc}", where) from exc
-    if not isinstance(obj, type):
-        raise ConfigError(f"{target!r} is a {type(obj).__name__}, not a class", where)
-    return obj
+        return load_backend_class(target)
+    except BackendLoadError as exc:
+        raise ConfigError(f"cannot import {target!r}: {exc}", where) from exc
 
 
 # ---------------------------------------------------------------------------- docs
 def _table(cls: type[Any], prefix: str = "") -> str:
-    lines = ["| Key | Type | Default | Description |", "|---|---|---|---|"]
+    rows = []
     for o in describe_options(cls):
         kind = o["type"] + (f" ({', '.join(o['choices'])})" if o["choices"] else "")
         default = o["default_text"]
@@ -945,10 +940,8 @@ def _table(cls: type[Any], prefix: str = "") -> str:
             kind = "dict or str"
         elif o["type"] == "dict" and default == "{}":
             default = "{}"
-        cell = f"`{default}`" if default else ""
-        doc = str(o["doc"]).replace("|", "\\|")
-        lines.append(f"| `{prefix}{o['name']}` | {kind} | {cell} | {doc} |")
-    return "\n".join(lines) + "\n"
+        rows.append([f"`{prefix}{o['name']}`", kind, f"`{default}`" if default else "", o["doc"]])
+    return markdown_table(rows, ["Key", "Type", "Default", "Description"])
 
 
 def schema_markdown() -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..config.options import build_options, describe_options
 from ..errors import PluginError
+from ..tables import markdown_table
 from .registry import BackendSpec
 
 __all__ = [
@@ -56,21 +57,14 @@ def describe_backend_options(backend: BackendSpec | type[Any]) -> list[dict[str,
     return describe_options(backend_options_class(backend))
 
 
-def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def options_markdown(backend: BackendSpec | type[Any]) -> str:
     """A Markdown table of the backend's options (what the docs embed)."""
-    lines = ["| Option | Type | Default | Description |", "|---|---|---|---|"]
+    rows = []
     for o in describe_backend_options(backend):
         kind = o["type"] + (f" ({', '.join(o['choices'])})" if o["choices"] else "")
         default = o["default_text"]
-        lines.append(
-            f"| `{o['name']}` | {_cell(kind)} | {_cell(f'`{default}`' if default else '')} "
-            f"| {_cell(o['doc'])} |"
-        )
-    return "\n".join(lines) + "\n"
+        rows.append([f"`{o['name']}`", kind, f"`{default}`" if default else "", o["doc"]])
+    return markdown_table(rows, ["Option", "Type", "Default", "Description"])
 
 
 # --------------------------------------------------------------------------- docs blocks
