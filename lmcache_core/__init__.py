@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .backend import BaseBackend
     from .backends.cpu import CPUBackend, CPUOptions
-    from .config.schema import CacheConfig, TierConfig, load_config
+    from .config import CacheConfig, TierConfig, load_config
     from .errors import (
         BackendClosedError,
         BackendNotStartedError,
@@ -46,7 +46,7 @@ _EXPORTS = {
     "BufferMismatchError": "errors",
     "CPUBackend": "backends.cpu",
     "CPUOptions": "backends.cpu",
-    "CacheConfig": "config.schema",
+    "CacheConfig": "config",
     "CacheEngineKey": "keys",
     "Capabilities": "interface",
     "ChunkedTokenDatabase": "token_db",
@@ -63,12 +63,12 @@ _EXPORTS = {
     "SizeFormatError": "errors",
     "StorageBackend": "interface",
     "SyncBackend": "sync",
-    "TierConfig": "config.schema",
+    "TierConfig": "config",
     "TieredHierarchy": "hierarchy.tiered",
     "TokenInputError": "errors",
     "TokenTypeError": "errors",
     "format_bytes": "sizes",
-    "load_config": "config.schema",
+    "load_config": "config",
     "open_backend": "open",
     "parse_bytes": "sizes",
 }

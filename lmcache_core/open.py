@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qsl
 
-from .config.schema import load_config
+from .config import load_config
 from .errors import ConfigError
 from .interface import StorageBackend
 from .keys import Namespace

@@ -27,8 +27,8 @@ from typing import Any
 
 import yaml
 
+from ..config import CacheConfig, NotImported, load_config, schema_markdown
 from ..config.namespaces import configured_namespace, namespace_label, namespace_warnings
-from ..config.schema import CacheConfig, NotImported, load_config, schema_markdown
 from ..errors import ConfigError
 from .main import add_output_flags, print_json, rewrite_docs, wants_json
 

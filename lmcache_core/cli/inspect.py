@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..config.schema import load_config
+from ..config import load_config
 from ..errors import ConfigError
 from ..hierarchy.stats import read_stats_dir
 from ..interface import MaintainableBackend, implements

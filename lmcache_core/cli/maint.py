@@ -182,7 +182,7 @@ def _open_targets(args: argparse.Namespace) -> list[_Target]:
     """Unstarted backends for ``--path`` or ``--config`` (raises ConfigError)."""
     if args.path is not None:
         return [_Target(str(args.path), open_tier_dir(args.path))]
-    from ..config.schema import load_config
+    from ..config import load_config
 
     if getattr(args, "url", None) is not None:
         options = dict(_option_pair(o) for o in args.option)

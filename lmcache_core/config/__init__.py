@@ -1,4 +1,6 @@
-"""Configuration: the schema (:mod:`.schema`), typed options (:mod:`.options`) and the
+"""Configuration: the schema declared once (:mod:`.schema`, with the typed options of
+:mod:`.options`), loading YAML/JSON/dicts with errors that carry the path
+(:mod:`.loading`), the reference tables of the docs (:mod:`.reference`) and the
 hierarchy's namespace (:mod:`.namespaces`).
 
 ``from lmcache_core.config import CacheConfig, TierConfig, load_config`` keeps working;
@@ -12,18 +14,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .loading import load_config
+    from .reference import schema_markdown
     from .schema import (
         DEFAULT_TIERS,
         REDACTED,
         CacheConfig,
         NamespaceSettings,
+        NotImported,
         TierConfig,
         TierSettings,
         TopLevelSettings,
         WriteSettings,
-        load_config,
         redact_url,
-        schema_markdown,
     )
 
 __all__ = [
@@ -31,6 +34,7 @@ __all__ = [
     "REDACTED",
     "CacheConfig",
     "NamespaceSettings",
+    "NotImported",
     "TierConfig",
     "TierSettings",
     "TopLevelSettings",
@@ -41,9 +45,12 @@ __all__ = [
 ]
 
 
+_MODULES = {"load_config": ".loading", "schema_markdown": ".reference"}
+
+
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(".schema", __name__), name)
+    value = getattr(importlib.import_module(_MODULES.get(name, ".schema"), __name__), name)
     globals()[name] = value
     return value

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ..config.schema import TierConfig
+from ..config import TierConfig
 from ..errors import BufferMismatchError, ConfigError
 from ..interface import BatchedPinning, Pinning, PrefixContains, implements
 from ..keys import CacheEngineKey

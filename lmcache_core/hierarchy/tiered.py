@@ -55,8 +55,8 @@ from typing import Any
 import torch
 
 from ..backend import BaseBackend, Capabilities
+from ..config import CacheConfig, load_config
 from ..config.namespaces import namespace_label, namespace_warnings, resolve_namespace
-from ..config.schema import CacheConfig, load_config
 from ..errors import ConfigError
 from ..interface import (
     EvictionEvents,

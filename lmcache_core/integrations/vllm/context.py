@@ -11,8 +11,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from ...config import CacheConfig
 from ...config.namespaces import resolve_namespace
-from ...config.schema import CacheConfig
 from ...errors import ConfigError
 from ...keys import Namespace
 from ...token_db import ChunkedTokenDatabase

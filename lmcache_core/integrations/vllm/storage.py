@@ -24,7 +24,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ...config.schema import CacheConfig, load_config
+from ...config import CacheConfig, load_config
 from ...hierarchy.tiered import PrefixLookup, TieredHierarchy
 from ...keys import CacheEngineKey, Namespace
 from ...sync import SyncBackend
