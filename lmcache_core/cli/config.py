@@ -205,7 +205,7 @@ def run_schema(args: argparse.Namespace) -> int:
 
 def run_from_lmcache(args: argparse.Namespace) -> int:
     """Print the lmcache-core equivalent of the LMCache configuration ``args.file``."""
-    from ..lmcache_compat import from_lmcache, read_lmcache_file
+    from ..config.lmcache_compat import from_lmcache, read_lmcache_file
 
     try:
         tr = from_lmcache(read_lmcache_file(args.file))

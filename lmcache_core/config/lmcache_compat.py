@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .tables import markdown_table
+from ..errors import ConfigError
+from ..tables import markdown_table
 
 __all__ = [
     "LMCACHE_ALIASES",
