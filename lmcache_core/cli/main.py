@@ -79,6 +79,8 @@ def add_plugin_commands(subparsers: Any, pm: Any | None = None) -> list[str]:
         except Exception as exc:  # strict plugin loading: the built-in commands still work
             print(f"lmcache-core: plugin commands unavailable: {_describe(exc)}", file=sys.stderr)
             return []
+        if pm is None:
+            return []
     failed: list[str] = []
     for impl in pm.hook.lmcache_register_commands.get_hookimpls():
         name = pm.get_name(impl.plugin) or repr(impl.plugin)
