@@ -1,4 +1,4 @@
-"""Configuration: one schema, from YAML, JSON or a dict, validated before anything opens.
+"""Loading a configuration: YAML, JSON or a dict, validated before anything opens.
 
 ::
 
