@@ -259,7 +259,7 @@ def _train(
         starts = torch.randint(0, len(data) - spec.seq_len - 1, (spec.batch_size,), generator=gen)
         batch = torch.stack([data[s : s + spec.seq_len + 1] for s in starts.tolist()])
         logits = model(batch[:, :-1]).logits
-        loss = F.cross_entropy(logits.reshape(-1, spec.vocab_size), batch[:, 1:].reshape(-1))
+        loss: Any = F.cross_entropy(logits.reshape(-1, spec.vocab_size), batch[:, 1:].reshape(-1))
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         opt.zero_grad(set_to_none=True)
