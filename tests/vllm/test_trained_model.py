@@ -133,3 +133,26 @@ def test_deterministic(tmp_path: Path, sources: list[tuple[str, str]]) -> None:
     assert ma["results"]["heldout_perplexity"] == mb["results"]["heldout_perplexity"]
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
     assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
+
+
+def test_prompt_logprob_perplexity_by_hand() -> None:
+    from types import SimpleNamespace as NS
+
+    from lmcache_core.integrations.vllm.trained_model_check import prompt_logprob_perplexity
+
+    def out(*logprobs: dict[int, float] | None) -> NS:
+        return NS(
+            prompt_logprobs=[
+                None if d is None else {t: NS(logprob=v) for t, v in d.items()} for d in logprobs
+            ]
+        )
+
+    # the actual tokens' logprobs count, not the top-ranked ones vLLM also returns
+    outs = [
+        out(None, {7: math.log(0.5), 8: math.log(0.9)}),
+        out(None, {4: math.log(0.25)}, {5: math.log(0.5)}),
+    ]
+    ppl = prompt_logprob_perplexity(outs, [[1, 7], [1, 4, 5]])
+    assert ppl == pytest.approx((0.5 * 0.25 * 0.5) ** (-1 / 3))
+    with pytest.raises(ValueError, match="one prompt logprob per prompt token"):
+        prompt_logprob_perplexity([out(None)], [[1, 7]])
