@@ -49,7 +49,7 @@ def test_unigram_perplexity_by_hand() -> None:
     assert tm.unigram_perplexity([], [3, 1, 4], 7) == pytest.approx(7)
 
 
-def test_model_perplexity_uniform_and_certain() -> None:
+def test_model_perplexity_uniform_and_fixed() -> None:
     import torch
 
     torch.manual_seed(0)
@@ -121,6 +121,12 @@ def test_train_save_load_and_cache(tmp_path: Path, sources: list[tuple[str, str]
     _, meta4 = tm.make_trained_model(dest, other, changed, log=logs.append, max_ratio=None)
     assert meta4["corpus"]["digest"] != meta3["corpus"]["digest"]
     assert f"{dest}: up to date" not in logs
+
+    # a retrain that misses the bar keeps the previous model in place
+    with pytest.raises(RuntimeError, match="not installing"):
+        tm.make_trained_model(dest, replace(other, steps=3), changed, log=logs.append)
+    assert json.loads((dest / tm.METADATA).read_text()) == meta4
+    assert [p.name for p in dest.parent.iterdir()] == [dest.name]
 
     # located by the codec benchmark through the models folder
     assert tm.find_trained_model(tmp_path / "models") == path

@@ -334,8 +334,9 @@ def make_trained_model(
 
     Returns the directory and its metadata (spec, corpus digest, measured results). Built
     under a temporary name and renamed into place: an interrupted or failed training
-    never leaves a model behind. Raises ``RuntimeError`` when the model's held-out
-    perplexity is above ``max_ratio`` times the unigram's (``None``: no bar, for tests).
+    leaves no partial model (a stale one stays until its successor is ready). Raises
+    ``RuntimeError`` when the model's held-out perplexity is above ``max_ratio`` times
+    the unigram's (``None``: no bar, for tests).
     """
     spec = spec or TrainSpec()
     sources = stdlib_sources() if sources is None else sources
@@ -345,14 +346,14 @@ def make_trained_model(
     if meta is not None and all(meta.get(k) == v for k, v in key.items()):
         log(f"{dest}: up to date")
         return dest, meta
-    if dest.exists():
-        shutil.rmtree(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
         results = _train(spec, sources, tmp, log, max_ratio)
         meta = {**key, "results": results}
         (tmp / METADATA).write_text(json.dumps(meta, indent=2, sort_keys=True))
+        if dest.exists():  # the stale model goes only once its successor is ready
+            shutil.rmtree(dest)
         os.replace(tmp, dest)
     finally:
         if tmp.exists():
