@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .codecs import (
+from ..codecs import (
     CodecError,
     KVCodec,
     codec_label,

@@ -13,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, KeyFormatError
-from .keys import Namespace
+from ..errors import ConfigError, KeyFormatError
+from ..keys import Namespace
 
 if TYPE_CHECKING:
-    from .config import CacheConfig
+    from .schema import CacheConfig
 
 __all__ = [
     "DEFAULT_NAMESPACE",
@@ -40,7 +40,7 @@ _FIELDS = (("model", "model_name"), ("revision", "model_revision"), ("layout", "
 def _salt_id(cfg: CacheConfig) -> str:
     if not cfg.hash_salt:
         return ""
-    from .token_db import ChunkedTokenDatabase
+    from ..token_db import ChunkedTokenDatabase
 
     return ChunkedTokenDatabase.salt_id(cfg.hash_salt)
 
@@ -48,13 +48,13 @@ def _salt_id(cfg: CacheConfig) -> str:
 def configured_codec(cfg: CacheConfig) -> str:
     """The namespace ``codec`` field of ``cfg``'s tier codecs (empty without any): a
     lossy codec on any tier makes the whole namespace lossy (see
-    :func:`lmcache_core.tier_codec.namespace_codec`)."""
-    from .tier_codec import namespace_codec
+    :func:`lmcache_core.hierarchy.codec.namespace_codec`)."""
+    from ..hierarchy.codec import namespace_codec
 
     labels = []
     for t in cfg.tiers:
         if t.codec_impl is not None:
-            from .codecs import codec_label
+            from ..codecs import codec_label
 
             labels.append(
                 (
