@@ -29,7 +29,9 @@ def test_kv_file_round_trip(kv_file: Path) -> None:
 def test_bench_codecs_json(kv_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["bench", "codecs", "--kv", str(kv_file), "--rounds", "2", "--json"]
     assert main([*argv, "--codec", "lossless", "--codec", 'int8:{"group_size":64}']) == 0
-    rows = {r["codec"].split()[0]: r for r in json.loads(capsys.readouterr().out)}
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["quality"] == []  # no --model: no engine
+    rows = {r["codec"].split()[0]: r for r in doc["codecs"]}
     assert rows["lossless"]["max_abs_error"] == 0 and rows["lossless"]["lossless"]
     assert rows["int8"]["codec"] == 'int8 {"group_size":64}'
     assert 0 < rows["int8"]["max_abs_error"] < 0.2 and rows["int8"]["ratio"] > 3

@@ -20,7 +20,8 @@ def add_codec_arguments(ap: Any) -> None:
         "--model",
         metavar="PATH",
         help="model folder for --from-engine (default: the trained model of `make model` when "
-        "built, else a random-weight demo model, whose quality figures are meaningless)",
+        "built, else a random-weight demo model, whose quality figures are meaningless); given, "
+        "it also measures perplexity and greedy agreement with decoded KV (one engine per codec)",
     )
     ap.add_argument("--prompts", type=int, default=16, help="prompts to capture (default 16)")
     ap.add_argument("--tokens", type=int, default=1024, help="tokens per random prompt")
@@ -33,6 +34,15 @@ def add_codec_arguments(ap: Any) -> None:
         metavar="NAME[:JSON]",
         help='a codec to measure, e.g. int8 or cachegen:{"bits":[6]} (repeatable; default: all '
         "first-party codecs at their settings of docs/codecs.md)",
+    )
+    ap.add_argument(
+        "--quality-prompts",
+        type=int,
+        default=64,
+        help="prompts for perplexity and greedy agreement with decoded KV (with --model)",
+    )
+    ap.add_argument(
+        "--gen-tokens", type=int, default=16, help="greedy tokens per prompt (default 16)"
     )
     ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (default 7)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
