@@ -74,10 +74,17 @@ class TierCodec:
     def encode(self, value: torch.Tensor) -> torch.Tensor | None:
         """The envelope to store for ``value``, or ``None`` (counted) if it cannot be coded."""
         try:
-            env = wrap_envelope(self.codec, value)
+            # vLLM's buffers are inference tensors, and the codec's scratch buffers become
+            # ones too: every codec call of a tier runs in inference mode
+            with torch.inference_mode():
+                env = wrap_envelope(self.codec, value)
         except CodecError as exc:
             self._add(encode_errors=1)
             log.debug("codec %s refused a chunk: %s", self.label, exc)
+            return None
+        except Exception:  # a codec plugin's bug: the chunk is not stored, the tier goes on
+            self._add(encode_errors=1)
+            log.exception("codec %s failed to encode a chunk (not stored)", self.label)
             return None
         self._add(encoded=1, raw_bytes_encoded=value.nbytes, coded_bytes_written=env.nbytes)
         return env
@@ -85,10 +92,15 @@ class TierCodec:
     def decode_into(self, stored: torch.Tensor, out: torch.Tensor) -> bool:
         """Decode a stored envelope into ``out``; ``False`` (a miss, counted) if it cannot."""
         try:
-            unwrap_envelope_into(self.codec, stored, out)
+            with torch.inference_mode():
+                unwrap_envelope_into(self.codec, stored, out)
         except CodecError as exc:
             self._add(decode_errors=1)
             log.warning("codec %s: a stored chunk does not decode (a miss): %s", self.label, exc)
+            return False
+        except Exception:  # a codec plugin's bug: a miss, never wrong KV served
+            self._add(decode_errors=1)
+            log.exception("codec %s failed to decode a chunk (a miss)", self.label)
             return False
         self._add(decoded=1, coded_bytes_read=stored.nbytes)
         return True
