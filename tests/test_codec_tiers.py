@@ -262,3 +262,13 @@ def test_codec_in_resolved_config() -> None:
     assert cfg.to_dict()["tiers"][1]["codec"] == {"name": "int8", "options": {"group_size": 32}}
     assert cfg.tiers[0].codec is None
     assert os.fspath(cfg.tiers[1].options.path) == "/nonexistent-kv"
+
+
+def test_known_codecs_name_distributions_in_the_repository() -> None:
+    from lmcache_core.plugins.codec_registry import KNOWN_CODECS, get_codec_registry
+
+    root = Path(__file__).resolve().parents[1]
+    for name, dist in KNOWN_CODECS.items():
+        assert (root / "plugins" / dist / "pyproject.toml").is_file(), dist
+        spec = get_codec_registry().get(name)
+        assert spec.provider == dist  # the plugin that registers it is the one named
