@@ -1,8 +1,8 @@
 """Tier codecs end to end on real vLLM (CPU build), float32 model: two engine processes.
 
 * ``lossless``: a disk-only storage whose tier has the ``lossless`` codec. The warm run
-  loads every prefix chunk from disk through the codec; its outputs (tokens and
-  logprobs) are identical to the cold run's, which computed everything (no codec).
+  loads every prefix chunk from disk through the codec; its tokens are identical to the
+  cold run's, which computed everything (no codec), and its logprobs agree to 1e-4.
 * ``lossy``: the same with ``int8`` on the disk tier, in the **same directory**: the
   lossy namespace never sees the lossless engine's chunks (the first run is a miss), then
   its own chunks load (decoded) and the engine generates on them.
@@ -75,7 +75,10 @@ def test_lossless_codec_outputs_identical_to_no_codec(runs: dict[str, EngineRun]
     assert _hits(run, "warm") == [c.expected_hit(len(c.LONG)), c.expected_hit(len(c.MID))]
     for a, b in zip(run.outputs("cold"), run.outputs("warm"), strict=True):
         assert a["tokens"] == b["tokens"]
-        assert a["logprobs"] == b["logprobs"]  # float32, bit-exact KV: the same numbers
+        # bit-exact KV; vLLM's prefill with a loaded prefix rounds a little differently
+        # from a full prefill (as without a codec: test_vllm_e2e allows 1e-3)
+        for x, y in zip(a["logprobs"], b["logprobs"], strict=True):
+            assert abs(x - y) <= 1e-4
     w = run.worker("warm")
     assert w["failed_chunks"] == 0
 
