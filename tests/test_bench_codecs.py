@@ -74,3 +74,9 @@ def test_read_tier_chunks_reads_a_disk_tier(tmp_path: Path) -> None:
     asyncio.run(store())
     (chunk,) = read_tier_chunks(tmp_path)
     assert torch.equal(chunk, x)
+
+
+def test_bench_codecs_sizes_only(kv_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "codecs", "--kv", str(kv_file), "--sizes-only", "--codec", "int4"]) == 0
+    out = capsys.readouterr().out
+    assert "no timing" in out and '| `int4 {"group_size":32}` |' in out and "| - | - | - |" in out

@@ -45,4 +45,9 @@ def add_codec_arguments(ap: Any) -> None:
         "--gen-tokens", type=int, default=16, help="greedy tokens per prompt (default 16)"
     )
     ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (default 7)")
+    ap.add_argument(
+        "--sizes-only",
+        action="store_true",
+        help="bytes and errors only, no timing (deterministic: needs no quiet machine)",
+    )
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -192,10 +192,17 @@ def measure_codecs(
                 for b, o in zip(encoded, outs, strict=True):
                     codec.decode_into(b, o)
 
-            s = _samples(
-                {"copy": copy_all, "encode": enc, "copy_aa": copy_all, "decode": dec}, rounds
-            )
-            med = {k: statistics.median(v) for k, v in s.items()}
+            if rounds > 0:
+                fns: dict[str, Callable[[], object]] = {
+                    "copy": copy_all,
+                    "encode": enc,
+                    "copy_aa": copy_all,
+                    "decode": dec,
+                }
+                med = {k: statistics.median(v) for k, v in _samples(fns, rounds).items()}
+            else:  # sizes and errors only (deterministic: no timing)
+                dec()
+                med = dict.fromkeys(("copy", "encode", "copy_aa", "decode"), math.nan)
             errs = [(o.double() - c.double()).abs() for o, c in zip(outs, chunks, strict=True)]
             max_err = max(float(e.max()) for e in errs if e.numel()) if raw else 0.0
             mean_err = sum(float(e.sum()) for e in errs) / max(1, sum(e.numel() for e in errs))
@@ -215,7 +222,9 @@ def measure_codecs(
                     decode_vs_copy=copy_t / med["decode"],
                     copy_gbps=raw / copy_t / 1e9,
                     copy_aa_spread=max(med["copy"], med["copy_aa"])
-                    / min(med["copy"], med["copy_aa"]),
+                    / min(med["copy"], med["copy_aa"])
+                    if rounds > 0
+                    else math.nan,
                     max_abs_error=max_err,
                     mean_abs_error=mean_err,
                 )
@@ -233,6 +242,12 @@ def format_table(rows: Sequence[CodecRow]) -> str:
     )
     lines = [head]
     for r in rows:
+        if math.isnan(r.encode_gbps):
+            lines.append(
+                f"| `{r.codec}` | {r.bytes_per_chunk:,.0f} | {r.ratio:.2f}x | - | - | - | "
+                f"{r.max_abs_error:.3g} | {r.mean_abs_error:.3g} |"
+            )
+            continue
         lines.append(
             f"| `{r.codec}` | {r.bytes_per_chunk:,.0f} | {r.ratio:.2f}x | "
             f"{r.encode_gbps:.2f} ({r.encode_vs_copy:.3f}x) | {r.decode_gbps:.2f} "
@@ -468,7 +483,7 @@ def run(args: Any) -> int:
     reg = get_codec_registry()
     specs = [_parse_codec(t) for t in args.codec] if args.codec else DEFAULT_CODECS
     codecs = [reg.create(name, opts) for name, opts in specs]
-    rows = measure_codecs(chunks, codecs, rounds=args.rounds)
+    rows = measure_codecs(chunks, codecs, rounds=0 if args.sizes_only else args.rounds)
     quality: list[dict[str, Any]] = []
     if args.from_engine and args.model:
         lossy = [(n, o) for (n, o), c in zip(specs, codecs, strict=True) if not c.lossless]
@@ -485,10 +500,14 @@ def run(args: Any) -> int:
         return 0
     first = chunks[0]
     print(f"# {source}: {first.dtype}, shape {list(first.shape)}, {first.nbytes:,} bytes each")
-    print(
-        f"# a plain memory copy of the same chunks ran at {statistics.median(r.copy_gbps for r in rows):.2f} GB/s "
-        f"(medians of {args.rounds} interleaved rounds; copy A/A beside each row)"
-    )
+    if args.sizes_only:
+        print("# sizes and errors only (--sizes-only): no timing")
+    else:
+        copy = statistics.median(r.copy_gbps for r in rows)
+        print(
+            f"# a plain memory copy of the same chunks ran at {copy:.2f} GB/s "
+            f"(medians of {args.rounds} interleaved rounds; copy A/A beside each row)"
+        )
     print(format_table(rows))
     if quality:
         print(
