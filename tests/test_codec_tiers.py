@@ -16,9 +16,9 @@ import torch
 from lmcache_core import TieredHierarchy
 from lmcache_core import format as fmt
 from lmcache_core.config import load_config
+from lmcache_core.config.namespaces import resolve_namespace
 from lmcache_core.errors import ConfigError
 from lmcache_core.keys import CacheEngineKey, Namespace
-from lmcache_core.config.namespaces import resolve_namespace
 from lmcache_core.plugins import BackendRegistry, PluginSettings, load_plugins
 from lmcache_core.plugins.codec_registry import CodecRegistry, codecs_for
 from lmcache_core.testing.codecs import kv_like
