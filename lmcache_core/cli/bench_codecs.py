@@ -131,7 +131,7 @@ def capture_kv_from_engine(
         dtype="float32",
         enforce_eager=True,
         seed=0,
-        max_model_len=4096,
+        max_model_len=2048,
         kv_transfer_config={
             "kv_connector": "LMCacheCoreConnector",
             "kv_role": "kv_both",
