@@ -140,6 +140,7 @@ def capture_kv_from_engine(
     )
     sp = SamplingParams(max_tokens=1, temperature=0.0)
     llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sp, use_tqdm=False)
+    _wait_stable(root)  # the stores run in the background
     llm.llm_engine.engine_core.shutdown()
     del llm
     chunks = read_tier_chunks(root)
