@@ -342,7 +342,7 @@ def measure_quality(
     prompts: Sequence[Sequence[int]],
     codecs: Sequence[tuple[str, dict[str, Any]]],
     workdir: str | os.PathLike[str],
-    chunk: int = 64,
+    chunk: int = 128,
     gen_tokens: int = 16,
 ) -> list[dict[str, Any]]:
     """Perplexity and greedy agreement with decoded KV, per codec, against the same run
@@ -515,7 +515,7 @@ def run(args: Any) -> int:
     if quality:
         print(
             f"\n# quality with decoded KV: {quality[0]['prompts']} prompts, their full "
-            "64-token chunks loaded from a disk tier, the rest computed; perplexity over the "
+            "128-token chunks loaded from a disk tier, the rest computed; perplexity over the "
             "computed prompt positions, greedy agreement = share of generated tokens before the "
             "first difference from the exact run"
         )
@@ -535,7 +535,7 @@ def run(args: Any) -> int:
     if quality:
         print(
             f"\n# quality with decoded KV: {quality[0]['prompts']} prompts, their full "
-            "64-token chunks loaded from a disk tier, the rest computed; perplexity over the "
+            "128-token chunks loaded from a disk tier, the rest computed; perplexity over the "
             "computed prompt positions, greedy agreement = share of generated tokens before the "
             "first difference from the exact run"
         )
