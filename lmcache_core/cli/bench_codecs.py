@@ -521,23 +521,3 @@ def run(args: Any) -> int:
         )
         print(format_quality(quality, args.gen_tokens))
     return 0
-    first = chunks[0]
-    print(f"# {source}: {first.dtype}, shape {list(first.shape)}, {first.nbytes:,} bytes each")
-    if args.sizes_only:
-        print("# sizes and errors only (--sizes-only): no timing")
-    else:
-        copy = statistics.median(r.copy_gbps for r in rows)
-        print(
-            f"# a plain memory copy of the same chunks ran at {copy:.2f} GB/s "
-            f"(medians of {args.rounds} interleaved rounds; copy A/A beside each row)"
-        )
-    print(format_table(rows))
-    if quality:
-        print(
-            f"\n# quality with decoded KV: {quality[0]['prompts']} prompts, their full "
-            "128-token chunks loaded from a disk tier, the rest computed; perplexity over the "
-            "computed prompt positions, greedy agreement = share of generated tokens before the "
-            "first difference from the exact run"
-        )
-        print(format_quality(quality, args.gen_tokens))
-    return 0
