@@ -1,6 +1,6 @@
-"""Objects larger than one request (``PIECE``), several requests in flight per object:
-every piece lands in the caller's buffer (aligned or not) and is checksummed; damage or a
-truncation in any piece is a miss; piecewise writes leave the exact object."""
+"""Reads of objects larger than one read request (``READ_PIECE``): every piece lands in
+the caller's buffer (aligned or not) and is checksummed; damage or a truncation in any
+piece is a miss."""
 
 from __future__ import annotations
 
@@ -17,13 +17,11 @@ from lmcache_core import CacheEngineKey
 from lmcache_core.testing import random_tensor, same_bits
 
 
-@pytest.mark.parametrize("depth", [1, 2, 4])
 @pytest.mark.parametrize("nbytes", [9 * 65536 + 123, 4 * 65536, 5])
 def test_reads_in_pieces_land_whole_and_are_verified(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nbytes: int, depth: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nbytes: int
 ) -> None:
-    monkeypatch.setattr(objects_mod, "PIECE", 65536)
-    monkeypatch.setattr(objects_mod, "PIECES_IN_FLIGHT", depth)
+    monkeypatch.setattr(objects_mod, "READ_PIECE", 65536)
 
     async def body() -> None:
         b = DiskBackend({"path": str(tmp_path / "tier"), "fsync": False})
@@ -50,14 +48,9 @@ def test_reads_in_pieces_land_whole_and_are_verified(
 
 
 @pytest.mark.parametrize("nbytes", [9 * 65536 + 123, 4 * 65536, 5])
-def test_direct_writes_preallocate_and_leave_the_exact_size(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nbytes: int
-) -> None:
-    """``O_DIRECT`` puts preallocate the padded file before writing (in pieces, several
-    in flight, header last, for objects over one ``PIECE``); the published object still
-    has exactly header + data bytes (the padding is cut off) and reads back."""
-    monkeypatch.setattr(objects_mod, "PIECE", 65536)
-    monkeypatch.setattr(objects_mod, "PIECES_IN_FLIGHT", 3)
+def test_direct_writes_preallocate_and_leave_the_exact_size(tmp_path: Path, nbytes: int) -> None:
+    """``O_DIRECT`` puts preallocate the padded file before writing; the published object
+    still has exactly header + data bytes (the padding is cut off) and reads back."""
 
     async def body() -> None:
         b = DiskBackend({"path": str(tmp_path / "tier"), "fsync": True})
@@ -86,10 +79,9 @@ def test_direct_writes_preallocate_and_leave_the_exact_size(
 def test_truncated_in_a_middle_piece_is_a_miss(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aligned: bool
 ) -> None:
-    """A file cut short inside a piece other than the first or last, while later pieces
-    are already in flight, is a miss (counted bad and removed), never a hit."""
-    monkeypatch.setattr(objects_mod, "PIECE", 65536)
-    monkeypatch.setattr(objects_mod, "PIECES_IN_FLIGHT", 4)
+    """A file cut short inside a piece other than the first or last is a miss (counted
+    bad and removed), never a hit."""
+    monkeypatch.setattr(objects_mod, "READ_PIECE", 65536)
     nbytes = 8 * 65536
 
     async def body() -> None:

@@ -1,10 +1,7 @@
 """Blocking object-file I/O: write a temporary object, read and verify a published one.
 
-Runs in the backend's I/O threads (``os.pread*``/``os.pwrite*``, numpy copies and xxh3 of
-large buffers release the GIL). Objects larger than one request (:data:`PIECE`) go to the
-device in pieces, several in flight per object (:data:`PIECES_IN_FLIGHT`, issued by a small
-process-wide pool of threads that only wait on ``preadv``/``pwritev``): while the owning
-thread copies and checksums one piece, the next ones are on the device. Every read checks, in order: the file size against the header, the header
+Runs in the backend's I/O threads (``os.pread*``/``os.pwrite*`` and numpy copies release
+the GIL). Every read checks, in order: the file size against the header, the header
 against its canonical encoding (so even a flipped padding byte is caught), the key and
 namespace against the ones asked for, and the checksum of the data region against the
 header. Any mismatch raises :class:`~lmcache_core.errors.FormatError`; the caller turns it
@@ -18,7 +15,6 @@ inode (unlinking keeps it alive), verified by its checksum: never a torn read.
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import enum
 import errno
@@ -44,18 +40,11 @@ from .sandbox import TierDir
 __all__ = ["ObjectIO", "ReadOutcome", "ReadResult"]
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
-#: ``O_DIRECT`` transfers of large objects go in requests of this many bytes, each
-#: checksummed (and, from or into an unaligned buffer, copied) by the owning thread while
-#: the object's next requests are on the device: the checksum and the copy run from the
-#: cache, and the device never waits for a whole object's CPU work.
-PIECE = 4 << 20
-#: Requests of one object in flight at once (reads and writes of objects of more than one
-#: :data:`PIECE`). One at a time left a 32 MiB read into a plain buffer at 0.73x the raw
-#: baseline: the device idled while each piece was copied and checksummed.
-PIECES_IN_FLIGHT = 4
-#: Threads that issue the pieces' requests for every tier of the process (they only wait
-#: on the device: no copy, no checksum, no Python work beyond the call).
-PIECE_THREADS = 16
+#: ``O_DIRECT`` reads of large objects go in requests of this many bytes, each checksummed
+#: (and, into an unaligned buffer, copied) as soon as it lands, while the cache still
+#: holds it: the checksum and the copy overlap the object's next request instead of
+#: running over the whole object from memory after its last byte arrived.
+READ_PIECE = 4 << 20
 #: Threads allowed to copy and checksum objects at once (one per core this process may
 #: run on). A batch's writes all start together: sharing the cores fairly between them
 #: would finish every object's CPU work at about the same time and only then issue the
@@ -63,45 +52,6 @@ PIECE_THREADS = 16
 #: objects reach the device after one object's work and the rest overlap their writes.
 CPU_LANES = threading.BoundedSemaphore(max(1, len(os.sched_getaffinity(0))))
 _DUMMY_CHECKSUM = "xxh3_128:" + "0" * 32
-_piece_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_piece_pool_lock = threading.Lock()
-
-
-def _pieces() -> concurrent.futures.ThreadPoolExecutor:
-    """The process-wide pool that issues piece requests (created on first use)."""
-    global _piece_pool
-    pool = _piece_pool
-    if pool is None:
-        with _piece_pool_lock:
-            pool = _piece_pool
-            if pool is None:
-                pool = _piece_pool = concurrent.futures.ThreadPoolExecutor(
-                    PIECE_THREADS, thread_name_prefix="lmcache-disk-piece"
-                )
-    return pool
-
-
-def _forget_piece_pool() -> None:
-    """In a forked child the parent's pool threads do not exist: start a new pool."""
-    global _piece_pool, _piece_pool_lock
-    _piece_pool = None
-    _piece_pool_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_piece_pool)
-
-
-def _settle(futs: dict[int, concurrent.futures.Future[int]]) -> None:
-    """Wait for every request still in flight (their buffers are about to be reused or
-    released, their descriptor closed); their errors were or will be reported elsewhere."""
-    for f in futs.values():
-        try:
-            f.result()
-        except BaseException:  # the first error is the one raised
-            pass
-    futs.clear()
-
-
 _CHECKSUM_FIELD = b'"checksum":"xxh3_128:'
 _STANDARD_META = frozenset({"format", "format_version", "key", "namespace", "checksum", "codec"})
 
@@ -278,8 +228,6 @@ class ObjectIO:
         size = hlen + n
         padded = round_up(size)
         _preallocate(fd, padded)
-        if n > PIECE:
-            return self._write_pieces(fd, template, src)
         if n >= ALIGN and src.ctypes.data % ALIGN == 0:
             return self._write_direct_aligned(fd, template, src)
         buf = self.pool.take(padded)
@@ -320,62 +268,6 @@ class ObjectIO:
         finally:
             self.pool.give(bounce)
         return hlen + n
-
-    def _write_pieces(self, fd: int, template: HeaderTemplate, src: np.ndarray) -> int:
-        """``O_DIRECT`` write of an object larger than one :data:`PIECE`: the data in
-        pieces, :data:`PIECES_IN_FLIGHT` requests in flight, each piece checksummed (and,
-        from an unaligned source, copied into a staging slot) before its request is
-        issued; the header, which carries the checksum, goes last. The file is a
-        temporary one until it is flushed and renamed, so the order does not matter."""
-        hlen, n = len(template), src.nbytes
-        npieces = -(-n // PIECE)
-        aligned = src.ctypes.data % ALIGN == 0
-        depth = min(PIECES_IN_FLIGHT, npieces)
-        # header block, then (unaligned source) one slot per request in flight, or
-        # (aligned source) one block for a partial last block
-        buf = self.pool.take(hlen + (ALIGN if aligned else depth * PIECE))
-        stage = np.frombuffer(buf.view, dtype=np.uint8)
-        hasher = xxh3_128()
-        futs: dict[int, concurrent.futures.Future[int]] = {}
-        pool = _pieces()
-        tail = 0
-        try:
-            for k in range(npieces):
-                off = k * PIECE
-                piece = min(PIECE, n - off)
-                if k >= depth:  # the slot (and a thread) of piece k - depth is free again
-                    futs.pop(k - depth).result()
-                if aligned:
-                    body = piece - piece % ALIGN
-                    tail = piece - body
-                    views = [src.data[off : off + body]] if body else []
-                    if tail:
-                        end = stage[hlen : hlen + ALIGN]
-                        end[:tail] = src[off + body : off + piece]
-                        end[tail:] = 0
-                        views.append(buf.view[hlen : hlen + ALIGN])
-                    with CPU_LANES:
-                        hasher.update(src.data[off : off + piece])
-                else:
-                    at = hlen + (k % depth) * PIECE
-                    span = round_up(piece)
-                    with CPU_LANES:
-                        np.copyto(stage[at : at + piece], src[off : off + piece])
-                        stage[at + piece : at + span] = 0
-                        hasher.update(buf.view[at : at + piece])
-                    views = [buf.view[at : at + span]]
-                futs[k] = pool.submit(_pwrite_all, fd, views, hlen + off)
-            buf.view[:hlen] = template.with_digits(hasher.hexdigest())
-            _pwrite_all(fd, [buf.view[:hlen]], 0)
-            for k in sorted(futs):
-                futs.pop(k).result()
-        finally:
-            _settle(futs)
-            self.pool.give(buf)
-        size = hlen + n
-        if size != round_up(size):
-            os.ftruncate(fd, size)
-        return size
 
     # ------------------------------------------------------------------ reading
     def _open(self, rel: str) -> tuple[int | None, ReadResult | None]:
@@ -466,73 +358,49 @@ class ObjectIO:
         self, fd: int, hlen: int, size: int, dst: np.ndarray
     ) -> tuple[bytes, str]:
         """``O_DIRECT`` read of the header (``hlen`` bytes, block-aligned) and the data into
-        ``dst``, in requests of :data:`PIECE` (:data:`PIECES_IN_FLIGHT` in flight for a
-        larger object), each hashed in order as it lands (into an aligned ``dst``
-        directly, else through a staging slot per request in flight, copied out before
-        the slot is reused). Returns the header bytes and the data's xxh3-128 hex digest."""
+        ``dst``, in requests of :data:`READ_PIECE`, each hashed as it lands (into an
+        aligned ``dst`` directly, else through one staging piece). Returns the header bytes
+        and the data's xxh3-128 hex digest."""
         n = size - hlen
-        npieces = max(1, -(-n // PIECE))
+        hasher = xxh3_128()
         aligned = dst.ctypes.data % ALIGN == 0
-        depth = min(PIECES_IN_FLIGHT, npieces)
-        span = hlen + ALIGN if aligned else round_up(hlen + min(n, depth * PIECE))
+        span = round_up(hlen + min(n, READ_PIECE)) if not aligned else hlen + ALIGN
         buf = self.pool.take(span)
         stage = np.frombuffer(buf.view, dtype=np.uint8)
-        futs: dict[int, concurrent.futures.Future[int]] = {}
-
-        def request(k: int) -> tuple[list[memoryview], int]:
-            """The buffers and file offset of piece ``k`` (piece 0 brings the header)."""
-            off = k * PIECE
-            piece = min(PIECE, n - off)
-            if aligned:
-                body = piece - piece % ALIGN
-                views = [buf.view[:hlen]] if k == 0 else []
-                if body:
-                    views.append(dst.data[off : off + body])
-                if piece != body:  # a partial last block, through the block after the header
-                    views.append(buf.view[hlen : hlen + ALIGN])
-            else:
-                at = hlen + (k % depth) * PIECE
-                views = [buf.view[0 if k == 0 else at : at + round_up(piece)]]
-            return views, 0 if k == 0 else hlen + off
-
-        def issue(k: int) -> None:
-            views, start = request(k)
-            futs[k] = _pieces().submit(os.preadv, fd, views, start)
-
+        head = b""
         try:
-            if npieces > 1:
-                for k in range(depth):
-                    issue(k)
-            hasher = xxh3_128()
-            head = b""
-            for k in range(npieces):
-                off = k * PIECE
-                piece = min(PIECE, n - off)
-                if npieces > 1:
-                    got = futs.pop(k).result()
-                else:
-                    views, start = request(k)
-                    got = os.preadv(fd, views, start) if views else 0
-                want = piece + (hlen if k == 0 else 0)
-                if got != want:
-                    start = 0 if k == 0 else hlen + off
-                    raise FormatError(f"short read: {start + got} of {size} bytes (truncated?)")
+            off = 0
+            while True:
+                piece = min(READ_PIECE, n - off)
+                head_len = hlen if off == 0 else 0
+                start = 0 if off == 0 else hlen + off
                 if aligned:
                     body = piece - piece % ALIGN
-                    if piece != body:
-                        dst[off + body : off + piece] = stage[hlen : hlen + piece - body]
+                    tail = piece - body
+                    views = [buf.view[:head_len]] if head_len else []
+                    if body:
+                        views.append(dst.data[off : off + body])
+                    if tail:
+                        views.append(buf.view[head_len : head_len + ALIGN])
                 else:
-                    at = hlen + (k % depth) * PIECE
-                    np.copyto(dst[off : off + piece], stage[at : at + piece])
-                if k == 0:
+                    body, tail = 0, 0
+                    views = [buf.view[: round_up(head_len + piece)]]
+                got = os.preadv(fd, views, start) if views else 0
+                if got != head_len + piece:
+                    raise FormatError(f"short read: {start + got} of {size} bytes (truncated?)")
+                if aligned:
+                    if tail:
+                        dst[off + body : off + piece] = stage[head_len : head_len + tail]
+                else:
+                    np.copyto(dst[off : off + piece], stage[head_len : head_len + piece])
+                if head_len:
                     head = bytes(buf.view[:hlen])
-                if k + depth < npieces:  # its slot is free again
-                    issue(k + depth)
                 if piece:
                     hasher.update(dst.data[off : off + piece])
-            return head, hasher.hexdigest()
+                off += piece
+                if off >= n:
+                    return head, hasher.hexdigest()
         finally:
-            _settle(futs)
             self.pool.give(buf)
 
     def _explain_mismatch(
@@ -723,8 +591,8 @@ def _preallocate(fd: int, nbytes: int) -> None:
     raise OSError(err, os.strerror(err))
 
 
-def _pwrite_all(fd: int, views: list[memoryview], offset: int) -> int:
-    """``pwritev`` everything in ``views`` at ``offset``; the bytes written."""
+def _pwrite_all(fd: int, views: list[memoryview], offset: int) -> None:
+    """``pwritev`` everything in ``views`` at ``offset``."""
     done = 0
     views = [v for v in views if len(v)]
     while views:
@@ -733,7 +601,6 @@ def _pwrite_all(fd: int, views: list[memoryview], offset: int) -> int:
             raise OSError("pwritev wrote nothing")
         done += got
         views = _advance(views, got)
-    return done
 
 
 def _advance(views: list[memoryview], n: int) -> list[memoryview]:
