@@ -223,3 +223,17 @@ def test_cli_simulate_table_and_errors(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["simulate", "--write-trace", str(tmp_path / "x")]) == 2
     with pytest.raises(SystemExit):
         main(["simulate", "--capacities", "0,1"])
+
+
+def test_belady_oracle_bounds_every_policy_and_refuses_out_of_order_replays() -> None:
+    from lmcache_core.placement.oracle import BeladyOracle
+    from lmcache_core.placement.simulator import SimConfig, simulate, working_set_bytes
+    from lmcache_core.placement.traces import rag_trace
+
+    trace = rag_trace(n_requests=800, seed=3, n_docs=150)
+    cfg = SimConfig(working_set_bytes(trace, 131072) // 5)
+    oracle = simulate(trace, BeladyOracle(trace, 131072), cfg)
+    for name in ("lru", "arc", "s3fifo", "cost"):
+        assert oracle.compute_s_saved >= simulate(trace, name, cfg).compute_s_saved, name
+    with pytest.raises(ValueError, match="out of its trace's order"):
+        simulate(trace[1:], BeladyOracle(trace, 131072), cfg)
