@@ -42,6 +42,10 @@ __all__ = [
     "PolicyContext",
     "PolicyFactory",
     "TierPlacement",
+    "arc_policy",
+    "cost_policy",
+    "lru_policy",
+    "s3fifo_policy",
 ]
 
 
@@ -74,15 +78,50 @@ def _chunks(ctx: PolicyContext) -> int:
     return max(1, ctx.capacity_bytes // max(ctx.chunk_bytes, 1))
 
 
-def _cost(ctx: PolicyContext) -> PlacementPolicy:
+def lru_policy(ctx: PolicyContext) -> PlacementPolicy:
+    """``lru``: every tier's order today (no options)."""
+    _no_options("lru", ctx.options)
+    return LRUPolicy()
+
+
+def arc_policy(ctx: PolicyContext) -> PlacementPolicy:
+    """``arc``: ARC over the tier's capacity in chunks (no options)."""
+    _no_options("arc", ctx.options)
+    return ARCPolicy(_chunks(ctx))
+
+
+def s3fifo_policy(ctx: PolicyContext) -> PlacementPolicy:
+    """``s3fifo``: S3-FIFO over the tier's capacity in chunks (option ``small_fraction``)."""
+    o = dict(ctx.options)
+    small = float(o.pop("small_fraction", 0.1))
+    _no_options("s3fifo", o)
+    return S3FIFOPolicy(_chunks(ctx), small)
+
+
+def _no_options(name: str, options: Mapping[str, Any]) -> None:
+    if options:
+        raise ValueError(f"unknown option(s) for the {name} policy: {', '.join(sorted(options))}")
+
+
+def cost_policy(ctx: PolicyContext) -> PlacementPolicy:
+    """``cost``: :class:`CostAwarePolicy`; options ``tokens_per_s``, ``attn_tokens``,
+    ``bandwidth_gbps``, ``latency_s``, ``half_life``, ``min_reuse``, ``history``,
+    ``adapt``, ``short_factor``, ``long_factor``."""
     o = dict(ctx.options)
     cost = PrefillCost(
         tokens_per_s=float(o.pop("tokens_per_s", 8000.0)),
         attn_tokens=float(o.pop("attn_tokens", 16384.0)),
     )
     bandwidth = float(o.pop("bandwidth_gbps", 10.0)) * 1e9
-    o.pop("chunk_tokens", None)
-    known = {"latency_s", "half_life", "min_reuse", "history", "adapt"}
+    known = {
+        "latency_s",
+        "half_life",
+        "min_reuse",
+        "history",
+        "adapt",
+        "short_factor",
+        "long_factor",
+    }
     unknown = sorted(set(o) - known)
     if unknown:
         raise ValueError(f"unknown option(s) for the cost policy: {', '.join(unknown)}")
@@ -97,10 +136,10 @@ def _cost(ctx: PolicyContext) -> PlacementPolicy:
 
 #: The built-in policies, registered through the same hook as plugins' ones.
 BUILTIN_FACTORIES: dict[str, PolicyFactory] = {
-    "lru": lambda ctx: LRUPolicy(),
-    "arc": lambda ctx: ARCPolicy(_chunks(ctx)),
-    "s3fifo": lambda ctx: S3FIFOPolicy(_chunks(ctx)),
-    "cost": _cost,
+    "lru": lru_policy,
+    "arc": arc_policy,
+    "s3fifo": s3fifo_policy,
+    "cost": cost_policy,
 }
 
 
