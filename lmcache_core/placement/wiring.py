@@ -38,6 +38,7 @@ from .cost_aware import CostAwarePolicy
 
 __all__ = [
     "BUILTIN_FACTORIES",
+    "DEFAULT_KV_BYTES_PER_TOKEN",
     "ChainBook",
     "PolicyContext",
     "PolicyFactory",
@@ -45,6 +46,7 @@ __all__ = [
     "arc_policy",
     "cost_policy",
     "lru_policy",
+    "policy_context",
     "s3fifo_policy",
 ]
 
@@ -68,6 +70,29 @@ class PolicyContext:
 
 #: ``factory(context) -> policy``: one fresh policy per tier.
 PolicyFactory = Callable[[PolicyContext], PlacementPolicy]
+
+#: KV bytes per token assumed for a chunk's size until one is stored (an 8B GQA model in
+#: 16-bit); the ``placement`` option ``chunk_bytes`` replaces the estimate.
+DEFAULT_KV_BYTES_PER_TOKEN = 131072
+
+#: ``placement`` options read by the hierarchy itself, not passed to a policy.
+HIERARCHY_OPTIONS = ("chunk_bytes",)
+
+
+def policy_context(tier: Any, placement: Any, chunk_size: int) -> PolicyContext:
+    """The :class:`PolicyContext` of configured tier ``tier`` (a ``TierConfig``) under the
+    ``placement`` section (``PlacementSettings``): its options are ``placement.options``
+    updated by ``placement.tiers[tier.name]``; capacity is the backend's ``max_bytes``
+    unless the tier is shared (other processes write it: no capacity is known)."""
+    options = dict(placement.options)
+    options.update(placement.tiers.get(tier.name, {}))
+    chunk_bytes = int(options.pop("chunk_bytes", chunk_size * DEFAULT_KV_BYTES_PER_TOKEN))
+    caps = tier.capabilities
+    shared = bool(caps is not None and caps.shared)
+    max_bytes = getattr(tier.options, "max_bytes", None)
+    capacity = int(max_bytes) if isinstance(max_bytes, int) and not shared else None
+    return PolicyContext(tier.name, capacity, chunk_bytes, shared, options)
+
 
 _UNBOUNDED = 1 << 62
 
