@@ -180,13 +180,15 @@ def _load(
                 "namespace",
             )
     placement = None
+    placement_factory = None
     if top.placement is not None:
         _check_keys(PlacementSettings, top.placement, "placement")
         placement = build_options(PlacementSettings, top.placement, path="placement", hidden=hidden)
-        _check_placement(placement, tiers, top.chunk_size, registry)
+        placement_factory = _check_placement(placement, tiers, top.chunk_size, registry)
     cfg = CacheConfig(
         tiers=tiers,
         placement=placement,
+        placement_factory=placement_factory,
         chunk_size=top.chunk_size,
         hash_algorithm=top.hash_algorithm,
         hash_salt=top.hash_salt,
@@ -369,9 +371,9 @@ def _collect_url_passwords(doc: Any, secrets: list[str]) -> None:
 
 def _check_placement(
     placement: PlacementSettings, tiers: Sequence[TierConfig], chunk_size: int, registry: Any
-) -> None:
-    """Refuse an unknown policy, an unknown tier name or options the policy rejects (each
-    tier's policy is built once here, without I/O, to ask it)."""
+) -> Any:
+    """The policy's factory. Refuses an unknown policy, an unknown tier name or options the
+    policy rejects (each tier's policy is built once here, without I/O, to ask it)."""
     from ..errors import UnknownPolicyError
     from ..placement.wiring import policy_context
 
@@ -398,6 +400,7 @@ def _check_placement(
             factory(policy_context(t, placement, chunk_size))
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"policy {placement.policy!r}: {exc}", where) from None
+    return factory
 
 
 def _check_keys(schema: type[Any], raw: Mapping[str, Any], path: str) -> None:

@@ -317,6 +317,9 @@ class CacheConfig:
     namespace: NamespaceSettings | None = None
     #: The ``placement`` section; ``None`` when absent (every backend keeps its own order).
     placement: PlacementSettings | None = None
+    #: The placement policy's factory, resolved from the registry the configuration was
+    #: loaded with (``None`` without a ``placement`` section).
+    placement_factory: Any = field(default=None, repr=False, compare=False)
     #: Config paths whose value came from ``{"$env": NAME}``, with the variable name.
     env_paths: Mapping[str, str] = field(default_factory=dict, repr=False)
     #: Where the configuration was read from (a file path), if anywhere.
