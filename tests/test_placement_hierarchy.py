@@ -1,0 +1,118 @@
+"""The placement policy inside a real hierarchy (cpu backend): admission, chain-aware
+victims, the configuration's errors and a plugin's policy through the hook."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent / "plugin_fixtures"))
+
+from fakedist import fake_entry_point
+
+from lmcache_core import TieredHierarchy
+from lmcache_core.backends.host_buffers import ENTRY_OVERHEAD
+from lmcache_core.config import load_config
+from lmcache_core.errors import ConfigError
+from lmcache_core.plugins import BackendRegistry, PluginSettings, load_plugins
+from lmcache_core.testing import make_key, random_tensor, run_async
+
+CHUNK = 64 * 1024
+
+
+def chunk(i: int) -> torch.Tensor:
+    return random_tensor((CHUNK,), torch.uint8, seed=i)
+
+
+def config(chunks: int, placement: Any = None) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "tiers": [
+            {
+                "name": "cpu",
+                "backend": "cpu",
+                "options": {"max_bytes": chunks * (CHUNK + ENTRY_OVERHEAD)},
+            }
+        ]
+    }
+    if placement is not None:
+        cfg["placement"] = placement
+    return cfg
+
+
+async def resident(h: TieredHierarchy, keys: list[Any]) -> list[bool]:
+    return [await h.tier("cpu").backend.contains(k) for k in keys]
+
+
+def test_cost_policy_evicts_a_chain_leaf_where_lru_evicts_its_head() -> None:
+    a, b, c, d = (make_key(x) for x in "abcd")
+
+    async def run(placement: Any) -> list[bool]:
+        async with TieredHierarchy.from_config(config(3, placement)) as h:
+            await h.lookup_prefix([a, b, c])  # learns the chain a -> b -> c
+            for i, k in enumerate((a, b, c)):
+                assert await h.put(k, chunk(i))
+            await h.lookup_prefix([d])
+            await h.lookup_prefix([d])  # d has been asked for twice: worth a place
+            assert await h.put(d, chunk(3))
+            return await resident(h, [a, b, c, d])
+
+    # LRU drops the chain's head: b and c stay but can never be served (a lookup stops at a)
+    assert run_async(run(None)) == [False, True, True, True]
+    assert run_async(run("lru")) == [False, True, True, True]
+    # the cost-aware policy drops the chain's leaf: a -> b still serves two chunks
+    assert run_async(run("cost")) == [True, True, False, True]
+
+
+def test_cost_policy_refuses_a_chunk_whose_parent_is_not_in_the_tier() -> None:
+    a, b = make_key("pa"), make_key("pb")
+
+    async def body() -> None:
+        async with TieredHierarchy.from_config(config(8, {"policy": "cost"})) as h:
+            await h.lookup_prefix([a, b])
+            assert not await h.put(b, chunk(1))  # a is not stored: b could never be served
+            assert h.tier("cpu").stats.not_admitted == 1
+            assert await h.put(a, chunk(0)) and await h.put(b, chunk(1))
+            assert (await h.lookup_prefix([a, b])).num_hit == 2
+
+    run_async(body())
+
+
+def test_an_unknown_policy_is_refused_naming_the_registered_ones() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(config(2, {"policy": "cots"}))
+    assert info.value.path == "placement.policy"
+    assert info.value.reason.startswith(
+        "unknown placement policy 'cots' (registered: arc, cost, lru, s3fifo); did you mean 'cost'?"
+    )
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) for the arc policy: depth"):
+        load_config(config(2, {"policy": "arc", "tiers": {"cpu": {"depth": 3}}}))
+
+
+def test_a_plugin_policy_registered_through_the_hook_runs_the_tier() -> None:
+    reg = BackendRegistry()
+    load_plugins(
+        reg,
+        entry_points=[
+            fake_entry_point("lmcfix-policy", "lmcfix_policy"),
+            fake_entry_point("lmcfix-policy-raises", "lmcfix_policy_raises"),
+        ],
+        settings=PluginSettings(strict=False),
+    )
+    assert reg.policy_names() == ["arc", "cost", "lru", "newest-first", "s3fifo"]
+    (raised,) = [p for p in reg.plugins if p.name == "lmcfix-policy-raises"]
+    assert raised.status == "failed" and "policy hook broke" in raised.error
+    assert "fixture-rolled-back" not in reg.names()  # its backend was rolled back too
+    keys = [make_key(f"n{i}") for i in range(3)]
+
+    async def body() -> None:
+        cfg = load_config(config(2, "newest-first"), registry=reg)
+        async with TieredHierarchy(cfg) as h:
+            for i, k in enumerate(keys):
+                assert await h.put(k, chunk(i))
+            assert await resident(h, keys) == [True, False, True]  # the newest went
+
+    run_async(body())
