@@ -186,6 +186,7 @@ def test_cli_simulate_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixtur
         "--plot",
         str(png),
         "--json",
+        "--oracle",
     ]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
@@ -195,7 +196,11 @@ def test_cli_simulate_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixtur
         ("lru", 0.5),
         ("cost", 0.1),
         ("cost", 0.5),
+        ("oracle", 0.1),
+        ("oracle", 0.5),
     }
+    saved = {(r["policy"], r["capacity_fraction"]): r["compute_s_saved"] for r in rows}
+    assert saved[("oracle", 0.1)] >= saved[("lru", 0.1)]  # it reads the future
     for r in rows:
         assert 0 <= r["hit_ratio"] <= 1 and r["trace"] == "t.jsonl"
         # price 3.6/h = 0.001 per compute-second
