@@ -43,8 +43,8 @@ def config(chunks: int, placement: Any = None) -> dict[str, Any]:
     return cfg
 
 
-async def resident(h: TieredHierarchy, keys: list[Any]) -> list[bool]:
-    return [await h.tier("cpu").backend.contains(k) for k in keys]
+async def resident(h: TieredHierarchy, keys: list[Any], tier: str = "cpu") -> list[bool]:
+    return [await h.tier(tier).backend.contains(k) for k in keys]
 
 
 def test_cost_policy_evicts_a_chain_leaf_where_lru_evicts_its_head() -> None:
@@ -114,5 +114,24 @@ def test_a_plugin_policy_registered_through_the_hook_runs_the_tier() -> None:
             for i, k in enumerate(keys):
                 assert await h.put(k, chunk(i))
             assert await resident(h, keys) == [True, False, True]  # the newest went
+
+    run_async(body())
+
+
+def test_write_through_admits_a_chain_whose_parent_is_still_being_written() -> None:
+    """The lower tier's admission of chunk i+1 is asked while chunk i's background store
+    may still be queued: the admitted parent counts."""
+    keys = [make_key(f"w{i}") for i in range(4)]
+
+    async def body() -> None:
+        cfg = config(16, {"policy": "cost"})
+        # a second in-memory tier written through (any tier below the top works the same)
+        cfg["tiers"].append({"name": "disk", "backend": "cpu", "options": {"max_bytes": 1 << 24}})
+        async with TieredHierarchy.from_config(cfg) as h:
+            await h.lookup_prefix(keys)
+            assert await h.batched_put(keys, [chunk(i) for i in range(4)]) == [True] * 4
+            await h.flush()
+            assert await resident(h, keys, "disk") == [True] * 4
+            assert h.tier("disk").stats.not_admitted == 0
 
     run_async(body())

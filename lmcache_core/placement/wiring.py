@@ -253,11 +253,19 @@ class TierPlacement:
                     pol.removed(key)
 
     def admits(self, key: Hashable, nbytes: int) -> bool:
-        """Whether the policy lets ``key`` (``nbytes``) into the tier now."""
+        """Whether the policy lets ``key`` (``nbytes``) into the tier now. An admitted key
+        counts as resident from here on: the store is queued, and the next chunk of the
+        chain (whose admission needs its parent) is asked before it finishes. A store
+        that then fails is corrected by the next lookup's miss."""
         with self._lock:
             if key in self._sizes:
                 return True  # already resident: a rewrite is not a new admission
-            return self.policy.admit(key, self.book.info(key, nbytes))
+            info = self.book.info(key, nbytes)
+            if not self.policy.admit(key, info):
+                return False
+            self._sizes[key] = nbytes
+            self.policy.inserted(key, info)
+            return True
 
     def stored(self, key: Hashable, nbytes: int) -> None:
         """``key`` is now resident."""
