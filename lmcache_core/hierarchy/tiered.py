@@ -29,6 +29,12 @@ suite runs against it unchanged). Tiers come from the configuration
   background stores, tier by tier from the top (a tier's stores can evict into the next),
   cancels what is left (counted as dropped with reason ``closed``), then closes the tiers.
   :meth:`~TieredHierarchy.flush` waits for pending stores without closing.
+* **Placement.** With a ``placement`` section naming a policy other than ``lru``, each
+  tier gets its own policy (:mod:`lmcache_core.placement.wiring`): it sees every lookup,
+  store, removal and eviction, decides admission with ``admit_after`` (stores,
+  write-through, write-back, promotion), and chooses the victims of tiers whose backend
+  lets it (``cpu``); shared tiers keep their own eviction. Without the section (or with
+  ``lru``) no policy object exists and every path is as described above.
 * **Eviction events.** :meth:`~TieredHierarchy.add_eviction_listener` subscribes any
   number of listeners to capacity evictions in every tier that reports them (``cpu``
   does); write-back is one more consumer of the same event.
