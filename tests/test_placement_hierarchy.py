@@ -135,3 +135,20 @@ def test_write_through_admits_a_chain_whose_parent_is_still_being_written() -> N
             assert h.tier("disk").stats.not_admitted == 0
 
     run_async(body())
+
+
+def test_sync_callers_lookups_on_the_thread_safe_path_reach_the_policy() -> None:
+    """SyncBackend answers lookups from the caller's thread (try_lookup_prefix_threadsafe):
+    the policy learns the chain and the accesses there too, and stores take the loop."""
+    from lmcache_core import SyncBackend
+
+    a, b, c, d = (make_key(f"s{x}") for x in "abcd")
+    with SyncBackend(TieredHierarchy.from_config(config(3, "cost"))) as sb:
+        h = sb.backend
+        assert isinstance(h, TieredHierarchy)
+        assert h.try_lookup_prefix_threadsafe([a, b, c]) is not None  # the fast path answered
+        assert sb.batched_put([a, b, c], [chunk(0), chunk(1), chunk(2)]) == [True] * 3
+        assert sb.lookup_prefix([d]).num_hit == 0
+        assert sb.lookup_prefix([d]).num_hit == 0
+        assert sb.put(d, chunk(3))
+        assert sb.lookup_prefix([a, b, c]).num_hit == 2  # the leaf c made room, not the head a
