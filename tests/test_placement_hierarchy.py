@@ -152,3 +152,33 @@ def test_sync_callers_lookups_on_the_thread_safe_path_reach_the_policy() -> None
         assert sb.lookup_prefix([d]).num_hit == 0
         assert sb.put(d, chunk(3))
         assert sb.lookup_prefix([a, b, c]).num_hit == 2  # the leaf c made room, not the head a
+
+
+def test_cpu_backend_evicts_the_selectors_choice_and_survives_a_failing_selector() -> None:
+    from lmcache_core.backends.cpu import CPUBackend
+
+    keys = [make_key(f"v{i}") for i in range(4)]
+
+    async def body() -> None:
+        async with CPUBackend({"max_bytes": 3 * (CHUNK + ENTRY_OVERHEAD)}) as be:
+            offered: list[bool] = []
+
+            def pick_newest(candidates: Any, nbytes: int) -> list[Any]:
+                offered.append(keys[0] in candidates and make_key("zz") not in candidates)
+                return [keys[2]]
+
+            be.set_victim_selector(pick_newest)
+            for i, k in enumerate(keys[:3]):
+                assert await be.put(k, chunk(i))
+            assert await be.put(keys[3], chunk(3))
+            assert [await be.contains(k) for k in keys] == [True, True, False, True]
+            assert offered == [True]
+
+            def broken(candidates: Any, nbytes: int) -> list[Any]:
+                raise RuntimeError("a policy bug must not break eviction")
+
+            be.set_victim_selector(broken)
+            assert await be.put(keys[2], chunk(2))  # falls back to LRU: keys[0] goes
+            assert [await be.contains(k) for k in keys] == [False, True, True, True]
+
+    run_async(body())
