@@ -53,24 +53,29 @@ _OBSERVATIONS = ("load_obs", "save_obs")
 
 
 def merge_stats(into: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
-    """Add the payload ``other`` to ``into`` (in place) and return ``into``."""
+    """Add the payload ``other`` to ``into`` and return ``into``. Only ``into``'s top
+    level is modified: nested maps and lists are replaced by new ones, never changed in
+    place (vLLM hands the same payload to several loggers)."""
     for key, value in other.items():
         if key in _PER_TIER:
-            acc = into.setdefault(key, {})
+            acc = dict(into.get(key, {}))
             for tier, n in value.items():
                 acc[tier] = acc.get(tier, 0) + n
+            into[key] = acc
         elif key in _OBSERVATIONS:
-            acc_list = into.setdefault(key, [])
+            acc_list = list(into.get(key, []))
             room = MAX_OBSERVATIONS - len(acc_list)
             if room > 0:
                 acc_list.extend(value[:room])
+            into[key] = acc_list
             dropped = len(value) - max(0, room)
             if dropped > 0:
                 into["observations_dropped"] = into.get("observations_dropped", 0) + dropped
         elif key == "tier_health":
-            acc_h = into.setdefault(key, {})
+            acc_h = {t: dict(r) for t, r in into.get(key, {}).items()}
             for tier, ranks in value.items():
                 acc_h.setdefault(tier, {}).update(ranks)
+            into[key] = acc_h
         elif isinstance(value, int | float):
             into[key] = into.get(key, 0) + value
     return into
@@ -93,7 +98,7 @@ class ConnectorStats(KVConnectorStats):
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         if not other.is_empty():
-            merge_stats(self.data, other.data)
+            self.data = merge_stats(dict(self.data), other.data)
         return self
 
     def reduce(self) -> dict[str, int | float]:
