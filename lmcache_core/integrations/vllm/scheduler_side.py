@@ -567,7 +567,7 @@ class SchedulerSide:
             for name in ("evicted", "missing", "withdrawn"):
                 for rank, hashes in getattr(report, name).items():
                     self.index.discard(rank, hashes)
-                    if ev is not None and name == "evicted":
+                    if ev is not None:  # no rank can serve it any more
                         for h in hashes:
                             if not self.index.mask(h):
                                 ev.removed(h)
@@ -733,8 +733,6 @@ class SchedulerSide:
         """Forget what the workers' memory tiers hold, at once, and order every worker to
         clear its private tiers in the next step, before that step's loads. Shared tiers
         are untouched. Requests being looked up are looked up again."""
-        if self.disabled:
-            return False
         self.index.clear()
         if self.events is not None:
             self.events.removed_all()
