@@ -17,6 +17,7 @@ Sliding-window, hybrid and MLA models are in ``test_vllm_models_e2e.py``.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from pathlib import Path
@@ -52,7 +53,12 @@ def _block_hashes(tokens: list[int]) -> list[int]:
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import hash_block_tokens, init_none_hash
 
-    init_none_hash(sha256)
+    seed = os.environ.pop("PYTHONHASHSEED", None)  # the engine runs without it
+    try:
+        init_none_hash(sha256)
+    finally:
+        if seed is not None:
+            os.environ["PYTHONHASHSEED"] = seed
     out, parent = [], None
     for i in range(len(tokens) // c.BLOCK):
         parent = hash_block_tokens(sha256, parent, tokens[i * c.BLOCK : (i + 1) * c.BLOCK])
