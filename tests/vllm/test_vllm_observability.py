@@ -380,3 +380,35 @@ def test_reset_cache_clears_the_memory_tier_before_the_next_loads(
     found, wrong = h.stored_chunks([A])
     assert found == 3 and not wrong
     assert h.scheduler_side.stats()["resets"] == 1
+
+
+def test_reset_cache_deletes_from_shared_tiers_when_asked(
+    vllm_models: Models, harnesses: list[Harness], tmp_path: Path
+) -> None:
+    """With ``reset_shared_tiers`` the reset also deletes the namespace's chunks from
+    the disk tier: the prompt is then computed, not loaded, and stored again."""
+    from engine_driver import disk_objects
+
+    disk = tmp_path / "kv"
+    h = Harness(
+        vllm_models.main,
+        _storage(disk=disk),
+        async_scheduling=False,
+        prefix_caching=False,
+        options={"reset_shared_tiers": True},
+    )
+    harnesses.append(h)
+    _run(h, "a0", A)
+    first = wait_disk_stable(str(disk), at_least=3)
+    assert h.sched.reset_prefix_cache(reset_connector=True)
+    h.add("a1", A)
+    assert h.step().kv_connector_metadata.reset
+    assert not disk_objects(str(disk))  # gone before the step's loads
+    h.drain()
+    h.settle()
+    w = h.worker_side.stats()
+    assert w["reset_removed_chunks"] == 3 + 3  # cpu and disk
+    assert w["loaded_tokens_by_tier"] == {}  # recomputed
+    # nothing was offered from the tier being purged: no load failed
+    assert h.scheduler_side.stats()["load_failures"] == 0 and w["failed_chunks"] == 0
+    assert sorted(wait_disk_stable(str(disk), at_least=3)) == sorted(first)  # stored again

@@ -268,7 +268,8 @@ class LMCacheCoreConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[mis
     def reset_cache(self) -> bool | None:
         """``LLM.reset_prefix_cache(reset_connector=True)``: the scheduler forgets what the
         memory tiers hold at once; every worker clears its private tiers at the start of
-        the next step, before any load. Shared tiers (disk, S3) are untouched."""
+        the next step, before any load. Shared tiers (disk, S3) are untouched unless the
+        ``reset_shared_tiers`` option is set."""
         if self._scheduler is None:
             return None
         return self._scheduler.reset_cache()

@@ -296,7 +296,8 @@ class SchedulerSide:
         in_memory = min(starts)
         best = in_memory
         view_tiers: dict[int, str] = {}
-        if self.lookups is not None and in_memory < n:
+        purging = self._reset_pending and self.ctx.settings.options.reset_shared_tiers
+        if self.lookups is not None and in_memory < n and not purging:
             hits = self.lookups.poll(request.request_id, starts, self._view_keys(hashes, starts))
             if hits is None:
                 return None, False  # ask again later: the lookup runs in the background
@@ -732,7 +733,8 @@ class SchedulerSide:
     def reset_cache(self) -> bool:
         """Forget what the workers' memory tiers hold, at once, and order every worker to
         clear its private tiers in the next step, before that step's loads. Shared tiers
-        are untouched. Requests being looked up are looked up again."""
+        are untouched unless ``reset_shared_tiers`` is set (then rank 0 deletes this
+        namespace's chunks from them too)."""
         self.index.clear()
         if self.events is not None:
             self.events.removed_all()

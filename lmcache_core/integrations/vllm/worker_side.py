@@ -257,6 +257,12 @@ class WorkerSide:
         except Exception:
             log.exception("LMCacheCoreConnector: clearing the memory tier for a reset failed")
             removed = 0
+        if self.ctx.settings.options.reset_shared_tiers and self.rank == 0:
+            assert self.ctx.namespace is not None
+            try:
+                removed += self.storage.purge_shared(self.ctx.namespace.to_json())
+            except Exception:
+                log.exception("LMCacheCoreConnector: deleting from the shared tiers failed")
         self.counters.resets += 1
         self.counters.reset_removed += removed
         log.info("LMCacheCoreConnector rank %d: reset, %d chunks removed", self.rank, removed)
