@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -191,6 +192,7 @@ def _start(name: str, model: Path, workdir: Path, *, lmcache: bool = False) -> S
         "256",
     ]
     env = engine_env(multiprocessing=True)
+    env["VLLM_LOG_STATS_INTERVAL"] = "1"  # vLLM's periodic stats line, every second
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir)
     server = Server(proc, f"http://127.0.0.1:{port}", stats, log_path)
@@ -395,6 +397,10 @@ def test_metrics_endpoint_shows_the_connector_series(serve_a: Server, serve_b: S
         disk + serve_b.series("vllm:prompt_tokens_cached_by_source_total", source="host")
         == external
     )
+    # vLLM's periodic log line carries the connector's figures (build_kv_connector_stats)
+    log = serve_b.log_path.read_text(errors="replace")
+    lines = re.findall(r"KV Transfer metrics: (.*)", log)
+    assert any("hit_tokens_disk=" in line and "load_bytes=" in line for line in lines), lines
     # the first server stored chunks (its saves are on its series)
     assert serve_a.series("vllm:lmcache_core_save_bytes_total") > 0
     assert serve_a.series("vllm:lmcache_core_save_seconds_count") >= 1
