@@ -4,13 +4,17 @@ Four engine processes, each running many cases (see the ``engine_*`` fixtures):
 
 * ``e1`` (engine core in-process, prefix caching off, cpu + disk tiers): cold vs warm,
   short prompts, exact chunk multiples, cache salts, a batch sharing a prefix, aborts;
+  vLLM's Prometheus series against the worker's counters (hits under ``host``), and
+  ``reset_prefix_cache(reset_connector=True)``;
 * ``e2`` (a **new** multiprocess engine, prefix caching on, no ``PYTHONHASHSEED``, same
   disk directory): reuse from disk, a corrupted chunk, a local + external hit, reuse
   from the CPU tier after resetting vLLM's prefix cache, chunks gone from every tier;
+  the connector's KV events received over vLLM's ZMQ publisher;
 * ``e3``: a model with the same ``config.json`` but other weights on the same disk (the
   connector selected through ``kv_connector_module_path``);
 * ``e4``: tensor parallel 2 (worker connectors in two other processes), including a
-  background load whose chunk is missing on one rank.
+  background load whose chunk is missing on one rank; hit tokens on vLLM's series
+  counted once, bytes summed over the ranks.
 
 Sliding-window, hybrid and MLA models are in ``test_vllm_models_e2e.py``.
 """

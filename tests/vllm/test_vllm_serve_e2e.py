@@ -12,9 +12,9 @@ prompts from disk (hits counted by vLLM's ``cached_tokens`` and by the worker's
 per-tier counters) and every greedy output is identical. Each cold output's top-1/top-2
 logprob margin is checked, so the comparison cannot flip on float rounding.
 
-Hook for issue 14 item 2 (metrics): :class:`Server` keeps the base URL and the stats
-directory; a test scraping ``/metrics`` (the connector's series against its stats files,
-``prompt_tokens_cached_by_source``) belongs next to these, against ``serve_b``.
+Each server's ``/metrics`` is scraped over HTTP after its workload: the connector's
+series equal its own statistics and vLLM's ``prompt_tokens_cached_by_source`` counts
+the hits under ``disk``.
 """
 
 from __future__ import annotations
