@@ -9,7 +9,7 @@ STAGE  := tools/stage
 # template (backends/_template: its tests run with its src/ on the path).
 DISTS  := $(filter-out backends/_template,$(patsubst %/,%,$(sort $(dir $(wildcard backends/*/pyproject.toml plugins/*/pyproject.toml)))))
 
-.PHONY: venv demo serve test lint typecheck docs pytest bench bench-peer faults clean
+.PHONY: venv demo serve model test lint typecheck docs pytest bench bench-peer faults clean
 
 venv: $(STAMP)
 
@@ -30,6 +30,12 @@ demo: $(STAMP)
 # SERVE_ARGS passes more options, e.g. make serve SERVE_ARGS="--port 8001".
 serve: $(STAMP)
 	$(BIN)/python examples/serve.py $(SERVE_ARGS)
+
+# The measuring model (docs/vllm.md#the-measuring-model): a small Llama trained on the
+# standard library's sources, cached in .models/measure-llama (a no-op when up to date).
+# MODEL_ARGS=--check-vllm then loads it in vLLM. `make test` never trains it.
+model: $(STAMP)
+	$(BIN)/python -m lmcache_core.integrations.vllm.trained_model $(MODEL_ARGS)
 
 lint: $(STAMP)
 	$(STAGE) ruff-check $(BIN)/ruff check .

@@ -33,6 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lmcache_core.sizes import format_bytes
+from lmcache_core.tables import format_table
+
 ROOT = Path(__file__).resolve().parent.parent
 
 #: The storage configuration (lmcache-core schema); ``{demo}`` is the work directory.
@@ -168,30 +171,16 @@ def _stats(directory: Path) -> dict[str, Any]:
     }
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
 def _gbps(acc: list[float] | None) -> str:
     """``bytes / seconds`` of the loads from one tier (see the worker's load_rate_by_tier:
     before the forward pass, read + scatter; in the background, first read to done)."""
     if not acc or acc[1] <= 0:
         return "-"
-    return f"{acc[0] / acc[1] / 1e9:.2f} ({_fmt_bytes(acc[0])} in {acc[1] * 1e3:.0f} ms)"
+    return f"{acc[0] / acc[1] / 1e9:.2f} ({format_bytes(acc[0])} in {acc[1] * 1e3:.0f} ms)"
 
 
 def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
-
-
-def _table(rows: list[tuple[str, str, str]]) -> str:
-    w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(r[1]) for r in rows)
-    return "\n".join(f"  {a:<{w0}}  {b:>{w1}}   {c}" for a, b, c in rows)
 
 
 # ------------------------------------------------------------------------ DEMO_REMOTE=s3
@@ -399,8 +388,8 @@ def _report(
     rows.append(
         (
             "bytes loaded by the connector",
-            _fmt_bytes(s1["loaded_bytes"]),
-            _fmt_bytes(s2["loaded_bytes"]),
+            format_bytes(s1["loaded_bytes"]),
+            format_bytes(s2["loaded_bytes"]),
         )
     )
     rows.append(
@@ -415,8 +404,8 @@ def _report(
     rows.append(
         (
             "chunks stored (bytes)",
-            f"{s1['saved_chunks']} ({_fmt_bytes(s1['saved_bytes'])})",
-            f"{s2['saved_chunks']} ({_fmt_bytes(s2['saved_bytes'])})",
+            f"{s1['saved_chunks']} ({format_bytes(s1['saved_bytes'])})",
+            f"{s2['saved_chunks']} ({format_bytes(s2['saved_bytes'])})",
         )
     )
     rows.append(("chunks that failed to load", str(s1["failed_chunks"]), str(s2["failed_chunks"])))
@@ -440,7 +429,8 @@ def _report(
     tail = (
         f"\n  outputs identical across passes: {same}/{n} {'(ok)' if same == n else '(MISMATCH)'}\n"
     )
-    return head + _table(rows) + tail
+    table = format_table(rows[1:], rows[0])
+    return head + "\n".join("  " + line for line in table.splitlines()) + tail
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 # the CLI and for vLLM's plugin entry point, which run in processes that may never store KV.
 if TYPE_CHECKING:
     from .backend import BaseBackend
+    from .backends.cpu import CPUBackend, CPUOptions
     from .config import CacheConfig, TierConfig, load_config
-    from .default_plugins.cpu import CPUBackend, CPUOptions
     from .errors import (
         BackendClosedError,
         BackendNotStartedError,
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
         TokenInputError,
         TokenTypeError,
     )
-    from .hierarchy import PrefixLookup, TieredHierarchy
+    from .hierarchy.tiered import PrefixLookup, TieredHierarchy
     from .interface import INTERFACE_VERSION, Capabilities, StorageBackend
     from .keys import FORMAT_VERSION, NAMESPACE_VERSION, CacheEngineKey, Namespace
     from .open import open_backend
@@ -44,8 +44,8 @@ _EXPORTS = {
     "BackendNotStartedError": "errors",
     "BaseBackend": "backend",
     "BufferMismatchError": "errors",
-    "CPUBackend": "default_plugins.cpu",
-    "CPUOptions": "default_plugins.cpu",
+    "CPUBackend": "backends.cpu",
+    "CPUOptions": "backends.cpu",
     "CacheConfig": "config",
     "CacheEngineKey": "keys",
     "Capabilities": "interface",
@@ -59,12 +59,12 @@ _EXPORTS = {
     "LMCacheError": "errors",
     "NAMESPACE_VERSION": "keys",
     "Namespace": "keys",
-    "PrefixLookup": "hierarchy",
+    "PrefixLookup": "hierarchy.tiered",
     "SizeFormatError": "errors",
     "StorageBackend": "interface",
     "SyncBackend": "sync",
     "TierConfig": "config",
-    "TieredHierarchy": "hierarchy",
+    "TieredHierarchy": "hierarchy.tiered",
     "TokenInputError": "errors",
     "TokenTypeError": "errors",
     "format_bytes": "sizes",

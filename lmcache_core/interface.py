@@ -29,7 +29,7 @@ from .keys import CacheEngineKey
 if TYPE_CHECKING:
     import torch
 
-    from .hierarchy import PrefixLookup
+    from .hierarchy.tiered import PrefixLookup
 
 __all__ = [
     "INTERFACE_VERSION",
@@ -44,6 +44,7 @@ __all__ = [
     "EvictionEvents",
     "EvictionListener",
     "MaintainableBackend",
+    "OpensForMaintenance",
     "Pinning",
     "PrefixContains",
     "PrefixLookups",
@@ -367,6 +368,19 @@ class VictimSelection(Protocol):
 
 
 @runtime_checkable
+class OpensForMaintenance(Protocol):
+    """Optional (on the class): open an existing tier stored in a local directory, for
+    ``lmcache-core verify/gc/inspect --path DIR`` (asked of the backend of ``file://``)."""
+
+    @classmethod
+    def open_for_maintenance(cls, path: str) -> Any:
+        """An unstarted backend on the tier in ``path``; raises
+        :class:`~lmcache_core.errors.ConfigError` when ``path`` holds no tier of this kind
+        (nothing is created)."""
+        ...
+
+
+@runtime_checkable
 class RuntimeNote(Protocol):
     """Optional: what the backend would use in this process (``backends`` shows it)."""
 
@@ -397,6 +411,7 @@ OPTIONAL_PROTOCOLS: dict[type[Any], str] = {
     EntryChecks: "entry checks",
     Reconcilable: "reconcile",
     VictimSelection: "victim selection",
+    OpensForMaintenance: "opens a tier directory for maintenance",
     RuntimeNote: "runtime note",
 }
 #: What an optional capability needs besides itself.
@@ -404,6 +419,7 @@ _NEEDS: dict[type[Any], type[Any]] = {
     BatchedPinning: Pinning,
     EntryChecks: MaintainableBackend,
     Reconcilable: MaintainableBackend,
+    OpensForMaintenance: MaintainableBackend,
     ThreadSafeLookups: PrefixLookups,
 }
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from . import interface
+from .tables import markdown_table
 
 __all__ = ["BEGIN", "END", "interface_markdown", "render_interface_block"]
 
@@ -46,11 +47,12 @@ def interface_markdown() -> str:
         "\n### Required: `StorageBackend`\n\n",
         _code(inspect.getsource(interface.StorageBackend)),
         "\n### Optional capabilities\n\n",
-        "| Protocol | Methods | Shown by `backends` as |\n|---|---|---|\n",
     ]
+    rows = []
     for proto, words in interface.OPTIONAL_PROTOCOLS.items():
         methods = ", ".join(f"`{m}`" for m in interface.missing_members(object(), proto))
-        out.append(f"| [`{proto.__name__}`](#{proto.__name__.lower()}) | {methods} | {words} |\n")
+        rows.append([f"[`{proto.__name__}`](#{proto.__name__.lower()})", methods, words])
+    out.append(markdown_table(rows, ["Protocol", "Methods", "Shown by `backends` as"]))
     for proto in interface.OPTIONAL_PROTOCOLS:
         out.append(f"\n#### `{proto.__name__}`\n\n")
         out.append(_code(inspect.getsource(proto)))

@@ -90,7 +90,7 @@ def make_backend(
     except ConfigError as exc:
         path = exc.path[len(_TIER) :] if exc.path.startswith(_TIER) else exc.path
         raise ConfigError(exc.reason, path) from None
-    from .namespaces import resolve_namespace
+    from .config.namespaces import resolve_namespace
 
     ns = resolve_namespace(cfg, namespace if isinstance(namespace, Namespace) else None)
     backend: StorageBackend = cfg.tiers[0].create_backend(ns)

@@ -40,7 +40,7 @@ from .interface import (
 from .keys import CacheEngineKey
 
 if TYPE_CHECKING:
-    from .hierarchy import PrefixLookup
+    from .hierarchy.tiered import PrefixLookup
 
 __all__ = ["IOLoopThread", "SyncBackend"]
 

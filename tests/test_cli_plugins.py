@@ -21,9 +21,10 @@ sys.path.insert(0, str(Path(__file__).parent / "plugin_fixtures"))
 
 from fakedist import FIXTURES, write_dist_info
 
-from lmcache_core import cli
-from lmcache_core.default_plugins.cpu import CPUOptions
-from lmcache_core.options import describe_options
+from lmcache_core.backends.cpu import CPUOptions
+from lmcache_core.cli import main as cli
+from lmcache_core.config.options import describe_options
+from lmcache_core.tables import format_table
 
 SCRIPT = Path(sys.executable).with_name("lmcache-core")
 if not SCRIPT.exists():  # pragma: no cover - e.g. a non-venv interpreter
@@ -91,7 +92,7 @@ def test_backends_json_lists_cpu_with_its_options():
     cpu = by_name(doc["backends"], "cpu")
     assert cpu["status"] == "ok" and cpu["error"] is None
     assert cpu["provider"] == "lmcache-core"
-    assert cpu["target"] == "lmcache_core.default_plugins.cpu:CPUBackend"
+    assert cpu["target"] == "lmcache_core.backends.cpu:CPUBackend"
     assert set(cpu["schemes"]) == {"cpu", "memory"}
     assert cpu["capabilities"]["bounded"] is True
     assert cpu["options"] == json.loads(json.dumps(describe_options(CPUOptions)))
@@ -199,7 +200,7 @@ def test_no_command_prints_usage_and_version_works():
 
 def test_dispatcher_skips_missing_modules_and_reports_broken_ones(capsys):
     parser = cli.build_parser(
-        ["lmcache_core.cli_plugins", "lmcfix_no_such_cli_module", "lmcfix_broken_import"]
+        ["lmcache_core.cli.plugins", "lmcfix_no_such_cli_module", "lmcfix_broken_import"]
     )
     err = capsys.readouterr().err
     assert "lmcfix_no_such_cli_module" not in err  # absent modules are skipped silently
@@ -209,12 +210,12 @@ def test_dispatcher_skips_missing_modules_and_reports_broken_ones(capsys):
 
 
 def test_command_modules_list():
-    assert cli.COMMAND_MODULES[0] == "lmcache_core.cli_plugins"
-    assert {"lmcache_core.cli_config", "lmcache_core.cli_inspect", "lmcache_core.cli_maint"} <= set(
+    assert cli.COMMAND_MODULES[0] == "lmcache_core.cli.plugins"
+    assert {"lmcache_core.cli.config", "lmcache_core.cli.inspect", "lmcache_core.cli.maint"} <= set(
         cli.COMMAND_MODULES
     )
 
 
 def test_format_table():
-    text = cli.format_table([["a", None], ["bbb", 1]], ["X", "Y"])
+    text = format_table([["a", None], ["bbb", 1]], ["X", "Y"])
     assert text.splitlines() == ["X    Y", "---  -", "a    -", "bbb  1"]

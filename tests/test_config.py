@@ -462,3 +462,28 @@ def test_backend_class_is_imported_only_when_asked(tmp_path: Path, monkeypatch: 
     with pytest.raises(ConfigError) as info:
         load(doc)  # imported (the default): its options are validated
     assert marker.exists() and info.value.path == "tiers[0].options.token"
+
+
+def test_resolved_classes_take_their_defaults_from_the_schema():
+    """Each default is declared once: CacheConfig/TierConfig mirror the settings' keys."""
+    import dataclasses
+
+    from lmcache_core.config import (
+        CacheConfig,
+        TierConfig,
+        TierSettings,
+        TopLevelSettings,
+        WriteSettings,
+    )
+
+    resolved = {f.name: f.default for f in dataclasses.fields(CacheConfig)}
+    for f in dataclasses.fields(TopLevelSettings):
+        if f.name not in ("tiers", "namespace"):
+            assert resolved[f.name] == f.default, f.name
+    resolved = {f.name: f.default for f in dataclasses.fields(TierConfig)}
+    for f in dataclasses.fields(TierSettings):
+        if f.name not in ("name", "backend", "options", "write"):
+            assert resolved[f.name] == f.default, f.name
+    for f in dataclasses.fields(WriteSettings):
+        key = "write_policy" if f.name == "policy" else f.name
+        assert resolved[key] == f.default, f.name

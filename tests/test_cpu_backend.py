@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lmcache_core import ConfigError, CPUBackend, SizeFormatError, parse_bytes
-from lmcache_core.default_plugins.host_buffers import ENTRY_OVERHEAD
+from lmcache_core.backends.host_buffers import ENTRY_OVERHEAD
 from lmcache_core.testing import make_key, random_tensor, run_async, same_bits
 
 MiB = 1 << 20

@@ -9,7 +9,7 @@ import torch
 from test_hierarchy_fakes import make_registry
 
 from lmcache_core import TieredHierarchy
-from lmcache_core.default_plugins.host_buffers import ENTRY_OVERHEAD
+from lmcache_core.backends.host_buffers import ENTRY_OVERHEAD
 from lmcache_core.testing import make_key, random_tensor, run_async, same_bits
 
 CHUNK = 64 * 1024

@@ -27,10 +27,10 @@ import torch
 
 from lmcache_core import CPUBackend, CPUOptions
 from lmcache_core.backend import BaseBackend, Capabilities
-from lmcache_core.default_plugins import builtin
+from lmcache_core.backends import builtin
+from lmcache_core.config.options import build_options, option
 from lmcache_core.keys import CacheEngineKey
 from lmcache_core.maintenance import EntryInfo
-from lmcache_core.options import build_options, option
 from lmcache_core.plugins import hookimpl, hookspecs
 from lmcache_core.plugins.registry import BackendRegistry
 

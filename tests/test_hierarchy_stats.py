@@ -14,8 +14,8 @@ import yaml
 from test_hierarchy_fakes import make_registry
 
 from lmcache_core import TieredHierarchy
-from lmcache_core.default_plugins.host_buffers import ENTRY_OVERHEAD
-from lmcache_core.stats import LatencyReservoir, read_stats_dir, write_json_atomic
+from lmcache_core.backends.host_buffers import ENTRY_OVERHEAD
+from lmcache_core.hierarchy.stats import LatencyReservoir, read_stats_dir, write_json_atomic
 from lmcache_core.testing import make_key, random_tensor, run_async
 
 TESTS = Path(__file__).resolve().parent

@@ -20,8 +20,8 @@ from test_cli_plugins import by_name, run
 
 from lmcache_core import interface
 from lmcache_core.backend import BaseBackend
+from lmcache_core.backends.cpu import CPUBackend
 from lmcache_core.config import load_config
-from lmcache_core.default_plugins.cpu import CPUBackend
 from lmcache_core.errors import ConfigError, PluginError
 from lmcache_core.hierarchy import TieredHierarchy
 from lmcache_core.interface import (

@@ -18,18 +18,18 @@ import torch
 import yaml
 from test_config_cli import cli
 
-from lmcache_core.cli import main as cli_main
+from lmcache_core.cli.main import main as cli_main
 from lmcache_core.config import load_config
-from lmcache_core.errors import ConfigError, KeyFormatError
-from lmcache_core.integrations.vllm.settings import parse_settings
-from lmcache_core.keys import CacheEngineKey
-from lmcache_core.lmcache_compat import (
+from lmcache_core.config.lmcache_compat import (
     LMCACHE_ALIASES,
     LMCACHE_KEYS,
     from_lmcache,
     read_lmcache_file,
     translation_markdown,
 )
+from lmcache_core.errors import ConfigError, KeyFormatError
+from lmcache_core.integrations.vllm.settings import parse_settings
+from lmcache_core.keys import CacheEngineKey
 from lmcache_core.token_db import ChunkedTokenDatabase
 
 DATA = Path(__file__).resolve().parent / "data" / "lmcache"

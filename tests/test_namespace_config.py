@@ -16,15 +16,16 @@ sys.path.insert(0, str(Path(__file__).parent / "plugin_fixtures"))
 
 from test_cli_plugins import run
 
-from lmcache_core import TieredHierarchy, cli, load_config
-from lmcache_core.errors import ConfigError
-from lmcache_core.keys import CacheEngineKey, Namespace
-from lmcache_core.namespaces import (
+from lmcache_core import TieredHierarchy, load_config
+from lmcache_core.cli import main as cli
+from lmcache_core.config.namespaces import (
     configured_namespace,
     namespace_label,
     namespace_warnings,
     resolve_namespace,
 )
+from lmcache_core.errors import ConfigError
+from lmcache_core.keys import CacheEngineKey, Namespace
 
 
 def key(i: int) -> CacheEngineKey:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import pytest
 
 from lmcache_core import ConfigError, format_bytes, parse_bytes
+from lmcache_core.config.options import build_options, describe_options, option
 from lmcache_core.errors import SizeFormatError
-from lmcache_core.options import build_options, describe_options, option
 
 
 @dataclass(frozen=True)

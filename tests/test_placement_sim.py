@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_core.cli import main
+from lmcache_core.cli.main import main
 from lmcache_core.placement import (
     PrefillCost,
     Request,

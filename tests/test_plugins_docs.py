@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_core.default_plugins.cpu import CPUBackend
+from lmcache_core.backends.cpu import CPUBackend
 from lmcache_core.plugins import get_registry, hookspecs
 from lmcache_core.plugins.backend_options import (
     _prose_spans,

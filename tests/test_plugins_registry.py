@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "plugin_fixtures"))
 
-from lmcache_core.default_plugins.cpu import CPUBackend, CPUOptions
+from lmcache_core.backends.cpu import CPUBackend, CPUOptions
 from lmcache_core.errors import ConfigError, DuplicateBackendError, PluginError, UnknownBackendError
 from lmcache_core.plugins import (
     KNOWN_BACKENDS,
@@ -48,7 +48,7 @@ def test_add_get_names_and_schemes():
     spec = reg.get("fixture")
     assert (spec.provider, spec.schemes, spec.install_hint) == ("lmcfix", ("fx",), "pip install x")
     assert spec.target_text == FIXTURE
-    assert reg.get("cpu").target_text == "lmcache_core.default_plugins.cpu:CPUBackend"
+    assert reg.get("cpu").target_text == "lmcache_core.backends.cpu:CPUBackend"
     assert reg.for_scheme("memory").load() is CPUBackend
     assert "fixture" in reg and "nope" not in reg
 
@@ -141,7 +141,7 @@ def test_lazy_import_happens_on_first_load_only():
 
 
 def test_load_backend_class():
-    assert load_backend_class("lmcache_core.default_plugins.cpu:CPUBackend") is CPUBackend
+    assert load_backend_class("lmcache_core.backends.cpu:CPUBackend") is CPUBackend
     assert load_backend_class(CPUBackend) is CPUBackend
     assert load_backend_class(" lmcfix_backend:FixtureBackend ").__name__ == "FixtureBackend"
     with pytest.raises(BackendLoadError, match=r"must look like 'package\.module:Class'"):

@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 from lmcache_core import TieredHierarchy, load_config
+from lmcache_core.hierarchy.stats import write_json_atomic
 from lmcache_core.integrations.vllm.stats_file import write_stats
 from lmcache_core.redaction import register_secrets
-from lmcache_core.stats import write_json_atomic
 from lmcache_core.testing import make_key, run_async
 
 

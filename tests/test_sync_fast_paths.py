@@ -23,7 +23,7 @@ from lmcache_core import (
     SyncBackend,
     TieredHierarchy,
 )
-from lmcache_core.default_plugins.host_buffers import ENTRY_OVERHEAD
+from lmcache_core.backends.host_buffers import ENTRY_OVERHEAD
 from lmcache_core.testing import make_key, random_tensor, same_bits
 
 CHUNK = 16 * 1024

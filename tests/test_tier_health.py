@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from lmcache_core.tiering.health import TierHealth
+from lmcache_core.hierarchy.health import TierHealth
 
 
 class Clock:

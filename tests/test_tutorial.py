@@ -89,7 +89,7 @@ def test_example_uses_only_the_public_api():
                 "lmcache_core.backend",
                 "lmcache_core.blob",
                 "lmcache_core.keys",
-                "lmcache_core.options",
+                "lmcache_core.config.options",
                 "lmcache_core.plugins",
                 "lmcache_core.testing",
                 "lmcache_core.testing.blob",

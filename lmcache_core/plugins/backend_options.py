@@ -1,7 +1,7 @@
 """Backend option schemas: validation for the config code, descriptions for the CLI and docs.
 
 Every backend class declares ``Options``, a frozen dataclass made with
-:func:`lmcache_core.options.option`. Validation, ``lmcache-core backends`` and the option
+:func:`lmcache_core.config.options.option`. Validation, ``lmcache-core backends`` and the option
 tables in the docs all come from that one declaration.
 """
 
@@ -12,8 +12,9 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..config.options import build_options, describe_options
 from ..errors import PluginError
-from ..options import build_options, describe_options
+from ..tables import markdown_table
 from .registry import BackendSpec
 
 __all__ = [
@@ -34,7 +35,7 @@ def backend_options_class(backend: BackendSpec | type[Any]) -> type[Any]:
     if not (isinstance(opts, type) and dataclasses.is_dataclass(opts)):
         raise PluginError(
             f"backend class {cls.__module__}.{cls.__qualname__} declares no Options dataclass "
-            "(every backend needs `Options = <dataclass made with lmcache_core.options.option>`)"
+            "(every backend needs `Options = <dataclass made with lmcache_core.config.options.option>`)"
         )
     return opts
 
@@ -56,21 +57,14 @@ def describe_backend_options(backend: BackendSpec | type[Any]) -> list[dict[str,
     return describe_options(backend_options_class(backend))
 
 
-def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def options_markdown(backend: BackendSpec | type[Any]) -> str:
     """A Markdown table of the backend's options (what the docs embed)."""
-    lines = ["| Option | Type | Default | Description |", "|---|---|---|---|"]
+    rows = []
     for o in describe_backend_options(backend):
         kind = o["type"] + (f" ({', '.join(o['choices'])})" if o["choices"] else "")
         default = o["default_text"]
-        lines.append(
-            f"| `{o['name']}` | {_cell(kind)} | {_cell(f'`{default}`' if default else '')} "
-            f"| {_cell(o['doc'])} |"
-        )
-    return "\n".join(lines) + "\n"
+        rows.append([f"`{o['name']}`", kind, f"`{default}`" if default else "", o["doc"]])
+    return markdown_table(rows, ["Option", "Type", "Default", "Description"])
 
 
 # --------------------------------------------------------------------------- docs blocks

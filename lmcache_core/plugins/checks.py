@@ -26,7 +26,7 @@ def backend_class_check(cls: type[Any]) -> ClassCheck:
     if not (isinstance(opts, type) and dataclasses.is_dataclass(opts)):
         check.problems.append(
             f"{cls.__module__}.{cls.__qualname__} declares no Options dataclass "
-            "(`Options = <frozen dataclass made with lmcache_core.options.option>`)"
+            "(`Options = <frozen dataclass made with lmcache_core.config.options.option>`)"
         )
     return check
 

@@ -9,14 +9,23 @@ differs from :data:`HOOKSPEC_VERSION`, the plugin is skipped with a message nami
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 if TYPE_CHECKING:
+    import argparse
+
     from .registry import BackendRegistry
 
-__all__ = ["HOOKSPEC_VERSION", "PROJECT_NAME", "hookimpl", "hookspec", "lmcache_register_backends"]
+__all__ = [
+    "HOOKSPEC_VERSION",
+    "PROJECT_NAME",
+    "hookimpl",
+    "hookspec",
+    "lmcache_register_backends",
+    "lmcache_register_commands",
+]
 
 PROJECT_NAME = "lmcache_core"
 #: Version of the hook interface. Plugins built for another major version are skipped.
@@ -32,4 +41,16 @@ def lmcache_register_backends(registry: BackendRegistry) -> None:
 
     Called once per registry, first among the hooks. Register classes lazily as
     ``"package.module:Class"`` strings so that listing plugins imports nothing heavy.
+    """
+
+
+@hookspec
+def lmcache_register_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``lmcache-core`` subcommands with ``subparsers.add_parser(...)``.
+
+    Called when the ``lmcache-core`` command builds its parser, after the built-in
+    commands, once per plugin in load order. Each new parser sets
+    ``set_defaults(func=handler)``; ``handler(args: argparse.Namespace) -> int`` returns
+    the exit status. A hook that raises (or takes a name already used) is reported on
+    stderr and its commands are left out; the other commands still work.
     """

@@ -277,7 +277,7 @@ def load_plugins(
     registry.plugins = loader.infos
     registry.plugin_manager = loader.pm
 
-    from ..default_plugins import builtin
+    from ..backends import builtin
 
     core = PluginInfo(
         name=BUILTIN_PLUGIN,

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from ..backend import BaseBackend, Capabilities
+from ..config.options import build_options
 from ..keys import CacheEngineKey, Namespace
-from ..options import build_options
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ and then, by ``MODE``:
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import sys
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import torch
 
 from ..keys import CacheEngineKey, Namespace
+from ..plugins.registry import load_backend_class
 from .contract import random_tensor, same_bits
 
 __all__ = ["killed_writer_candidates", "open_from_spec", "shared_key", "shared_value"]
@@ -53,10 +53,7 @@ def killed_writer_candidates(j: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def open_from_spec(spec: dict[str, Any]) -> Any:
     """A new, unstarted backend from a spec (see the module docstring)."""
-    mod_name, _, attr = spec["target"].partition(":")
-    cls: Any = importlib.import_module(mod_name)
-    for part in attr.split("."):
-        cls = getattr(cls, part)
+    cls: Any = load_backend_class(spec["target"])
     ns = spec.get("namespace")
     namespace = Namespace.from_json(ns) if ns else None
     return cls(spec.get("options") or {}, namespace=namespace, name=spec.get("name"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lmcache_core.backend import BaseBackend, Capabilities
-from lmcache_core.options import option
+from lmcache_core.config.options import option
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ import torch
 from lmcache_backend_disk.backend import DiskBackend
 from lmcache_backend_disk.options import DiskOptions
 
-from lmcache_core.default_plugins.cpu import CPUBackend, CPUOptions
+from lmcache_core.backends.cpu import CPUBackend, CPUOptions
+from lmcache_core.config.options import build_options, option
 from lmcache_core.keys import CacheEngineKey
-from lmcache_core.options import build_options, option
 
 
 class Control:

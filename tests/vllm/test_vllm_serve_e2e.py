@@ -152,7 +152,7 @@ def _lmcache_file(workdir: Path) -> Path:
         "save_decode_cache: true\n"
     )
     from lmcache_core.config import load_config
-    from lmcache_core.lmcache_compat import from_lmcache, read_lmcache_file
+    from lmcache_core.config.lmcache_compat import from_lmcache, read_lmcache_file
 
     translated = from_lmcache(read_lmcache_file(path))
     assert translated.not_honoured == []

@@ -365,7 +365,7 @@ def test_plugin_registers_the_name_once_and_lazily() -> None:
         "from lmcache_core.integrations.vllm import plugin\n"
         "plugin.register(); plugin.register()\n"
         "from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory\n"
-        "heavy = [m for m in ('lmcache_core.integrations.vllm.connector', 'lmcache_core.hierarchy',"
+        "heavy = [m for m in ('lmcache_core.integrations.vllm.connector', 'lmcache_core.hierarchy.tiered',"
         " 'lmcache_backend_disk') if m in sys.modules]\n"
         "from lmcache_core.plugins import registry\n"
         "print(heavy, registry._registry is None)\n"

@@ -19,7 +19,7 @@ from lmcache_backend_disk import DiskBackend
 from lmcache_backend_disk.layout import INDEX_FILE, META_DIR
 
 from lmcache_core import CacheEngineKey, Namespace
-from lmcache_core.cli import main
+from lmcache_core.cli.main import main
 from lmcache_core.testing import random_tensor, same_bits
 
 NS_A = Namespace(model_name="model-a")

@@ -23,8 +23,8 @@ from lmcache_backend_disk.layout import INDEX_FILE, META_DIR, NAMESPACE_FILE, OW
 from safetensors import safe_open
 
 from lmcache_core import CacheEngineKey, Namespace
+from lmcache_core.config.options import describe_options
 from lmcache_core.errors import BufferMismatchError, ConfigError
-from lmcache_core.options import describe_options
 from lmcache_core.plugins import get_registry
 from lmcache_core.testing import random_tensor, same_bits
 

@@ -130,7 +130,7 @@ def test_real_kvikio_without_a_gpu_falls_back(tmp_path: Path) -> None:
 
 
 def test_lmcache_core_backends_names_the_io_path() -> None:
-    cli = "import sys; from lmcache_core.cli import main; sys.exit(main(sys.argv[1:]))"
+    cli = "import sys; from lmcache_core.cli.main import main; sys.exit(main(sys.argv[1:]))"
     res = subprocess.run(
         [sys.executable, "-c", cli, "backends", "gds", "--table"],
         capture_output=True,

@@ -18,7 +18,7 @@ from lmcache_backend_s3.s3server import LocalS3
 
 from lmcache_core import TieredHierarchy
 from lmcache_core.blob import namespace_dir
-from lmcache_core.cli_maint import GcRules, gc_tier
+from lmcache_core.cli.maint import GcRules, gc_tier
 from lmcache_core.keys import Namespace
 from lmcache_core.testing import make_key, random_tensor, run_async
 

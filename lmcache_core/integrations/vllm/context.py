@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...config import CacheConfig
+from ...config.namespaces import resolve_namespace
 from ...errors import ConfigError
 from ...keys import Namespace
-from ...namespaces import resolve_namespace
 from ...token_db import ChunkedTokenDatabase
 from .identity import ModelIdentity, UnknownRevision, model_identity
 from .keying import vllm_hash_reproducible

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ...hierarchy import PrefixLookup
+from ...hierarchy.tiered import PrefixLookup
 from ...keys import CacheEngineKey
 from .layout import BlockCopier
 from .metadata import ChunkLoad

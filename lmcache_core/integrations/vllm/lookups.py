@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ...hierarchy import PrefixLookup
+from ...hierarchy.tiered import PrefixLookup
 from ...keys import CacheEngineKey
 from .storage import Storage, pinned_keys
 

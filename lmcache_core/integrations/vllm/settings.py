@@ -11,7 +11,7 @@ YAML/JSON file under ``"config_file"``, plus the connector's own options (see
 Users of LMCache's connector may give an LMCache configuration instead: a file under
 ``"lmcache_config_file"`` (or, when no storage is given at all, the file named by
 ``LMCACHE_CONFIG_FILE``), with ``"lmcache.<key>"`` entries and ``LMCACHE_<KEY>`` variables
-overriding it as in LMCache; :mod:`lmcache_core.lmcache_compat` translates it and the
+overriding it as in LMCache; :mod:`lmcache_core.config.lmcache_compat` translates it and the
 settings it cannot honour are named in one WARNING.
 """
 
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...config.options import build_options, option
 from ...errors import ConfigError
-from ...options import build_options, option
 
 __all__ = [
     "DEFAULT_STORAGE_CONFIG",
@@ -155,7 +155,7 @@ def _from_lmcache(
 ) -> tuple[dict[str, Any], str] | None:
     """The storage translated from an LMCache configuration, when one is given (its
     ``lmcache.*`` entries are taken out of ``extra``, its connector options put in)."""
-    from ...lmcache_compat import from_lmcache, read_lmcache_file
+    from ...config.lmcache_compat import from_lmcache, read_lmcache_file
 
     overrides = {
         k[len("lmcache.") :]: extra.pop(k)
@@ -236,7 +236,7 @@ def parse_settings(
 
 def options_markdown() -> str:
     """The Markdown table of :class:`ConnectorOptions` (embedded in ``docs/vllm.md``)."""
-    from ...options import describe_options
+    from ...config.options import describe_options
 
     lines = ["| Key | Type | Default | Description |", "|---|---|---|---|"]
     for o in describe_options(ConnectorOptions):

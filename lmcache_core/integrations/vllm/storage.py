@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ...config import CacheConfig, load_config
-from ...hierarchy import PrefixLookup, TieredHierarchy
+from ...hierarchy.tiered import PrefixLookup, TieredHierarchy
 from ...keys import CacheEngineKey, Namespace
 from ...sync import SyncBackend
 

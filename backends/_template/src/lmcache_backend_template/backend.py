@@ -14,8 +14,8 @@ from typing import Any
 
 from lmcache_core.backend import Capabilities
 from lmcache_core.blob import BlobBackend, ObjectStat
+from lmcache_core.config.options import build_options, option
 from lmcache_core.keys import Namespace
-from lmcache_core.options import build_options, option
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,9 @@ from typing import Any, TypeVar
 import torch
 
 from lmcache_core.backend import BaseBackend, Capabilities
+from lmcache_core.config.options import build_options
 from lmcache_core.errors import ConfigError, LMCacheError
 from lmcache_core.keys import CacheEngineKey, Namespace
-from lmcache_core.options import build_options
 
 from . import layout
 from .aligned import BufferPool, probe_direct_io

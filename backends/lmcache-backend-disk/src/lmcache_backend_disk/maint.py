@@ -17,8 +17,10 @@ import logging
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
+from lmcache_core.errors import ConfigError
 from lmcache_core.maintenance import EntryInfo, ProgressCallback
 
 from . import layout
@@ -37,6 +39,20 @@ _HEAL_WAIT_S = 600.0
 
 class DiskMaintenance(DiskState):
     """Scan / verify / delete / reconcile for the disk backend (a mixin)."""
+
+    @classmethod
+    def open_for_maintenance(cls, path: str) -> Any:
+        """An unstarted backend on the disk tier in directory ``path``, for ``lmcache-core
+        verify/gc/inspect --path`` (:class:`lmcache_core.interface.OpensForMaintenance`).
+
+        Raises :class:`~lmcache_core.errors.ConfigError` when ``path`` holds no disk tier:
+        nothing is created there. No size bound applies (maintenance never evicts).
+        """
+        root = Path(path)
+        if not (root / layout.META_DIR).is_dir():
+            raise ConfigError(f"{root} is not a disk tier (no {layout.META_DIR} directory in it)")
+        factory: Any = cls
+        return factory({"path": str(root), "max_bytes": 1 << 62}, name="disk")
 
     def _with_index(self, fn: Callable[[], T]) -> T:
         """``fn()``; if it meets a damaged or unavailable index, wait for the rebuild and

@@ -1,11 +1,11 @@
-"""Options of the ``disk`` backend (validated by :func:`lmcache_core.options.build_options`)."""
+"""Options of the ``disk`` backend (validated by :func:`lmcache_core.config.options.build_options`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lmcache_core.config.options import option
 from lmcache_core.errors import ConfigError
-from lmcache_core.options import option
 
 __all__ = ["DiskOptions", "parse_mode"]
 

@@ -33,7 +33,7 @@ from disk_canary import Canary
 from lmcache_backend_disk import DiskBackend
 
 from lmcache_core import CacheEngineKey, Namespace
-from lmcache_core.cli_maint import GcRules, gc_tier, verify_tier
+from lmcache_core.cli.maint import GcRules, gc_tier, verify_tier
 from lmcache_core.errors import ConfigError, LMCacheError
 from lmcache_core.testing import random_tensor, same_bits
 

@@ -20,7 +20,7 @@ from disk_world import FULL, NS, Tally, run, tier_object_bytes
 from lmcache_backend_disk import DiskBackend
 
 from lmcache_core import CacheEngineKey
-from lmcache_core.cli_maint import GcRules, gc_tier, verify_tier
+from lmcache_core.cli.maint import GcRules, gc_tier, verify_tier
 from lmcache_core.testing import random_tensor, same_bits
 
 COLD_TRIALS = 200 if FULL else 6

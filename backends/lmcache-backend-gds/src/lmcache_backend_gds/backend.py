@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 import torch
 
 from lmcache_core.backend import BaseBackend, Capabilities
+from lmcache_core.config.options import build_options
 from lmcache_core.keys import CacheEngineKey, Namespace
 from lmcache_core.maintenance import EntryInfo, ProgressCallback
-from lmcache_core.options import build_options
 
 from . import runtime
 from .options import GdsOptions, stripe_roots

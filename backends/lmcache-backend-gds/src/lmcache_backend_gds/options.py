@@ -1,4 +1,4 @@
-"""Options of the ``gds`` backend (validated by :func:`lmcache_core.options.build_options`)."""
+"""Options of the ``gds`` backend (validated by :func:`lmcache_core.config.options.build_options`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 from lmcache_backend_disk.options import parse_mode
 
+from lmcache_core.config.options import option
 from lmcache_core.errors import ConfigError
-from lmcache_core.options import option
 
 __all__ = ["GdsOptions", "stripe_roots"]
 

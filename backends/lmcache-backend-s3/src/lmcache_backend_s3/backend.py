@@ -16,8 +16,8 @@ from typing import Any
 from lmcache_core.backend import Capabilities
 from lmcache_core.blob import BlobBackend, ObjectStat
 from lmcache_core.config import REDACTED, redact_url
+from lmcache_core.config.options import build_options
 from lmcache_core.keys import Namespace
-from lmcache_core.options import build_options
 
 from .options import S3Options
 from .store_boto import BotoStore

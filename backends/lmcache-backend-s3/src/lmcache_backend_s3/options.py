@@ -1,4 +1,4 @@
-"""Options of the ``s3`` backend (validated by :func:`lmcache_core.options.build_options`)."""
+"""Options of the ``s3`` backend (validated by :func:`lmcache_core.config.options.build_options`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from lmcache_core.config import REDACTED
+from lmcache_core.config.options import option
 from lmcache_core.errors import ConfigError
-from lmcache_core.options import option
 
 __all__ = ["S3Options", "split_s3_url"]
 

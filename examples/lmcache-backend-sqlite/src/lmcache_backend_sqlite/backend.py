@@ -19,8 +19,8 @@ from typing import Any
 
 from lmcache_core.backend import Capabilities
 from lmcache_core.blob import BlobBackend, ObjectStat
+from lmcache_core.config.options import build_options, option
 from lmcache_core.keys import Namespace
-from lmcache_core.options import build_options, option
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS objects (name TEXT PRIMARY KEY, data BLOB NOT NULL, mtime REAL NOT NULL)"
 

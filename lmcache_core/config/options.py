@@ -19,9 +19,9 @@ import os
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
-from .errors import ConfigError, SizeFormatError
-from .redaction import REDACTED, redact_url, url_password
-from .sizes import format_bytes, parse_bytes
+from ..errors import ConfigError, SizeFormatError
+from ..redaction import REDACTED, redact_url, url_password
+from ..sizes import format_bytes, parse_bytes
 
 __all__ = [
     "INT_RANGE",

@@ -22,12 +22,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .cli import add_output_flags, format_table, print_json, wants_json
-from .config import load_config
-from .errors import ConfigError
-from .interface import MaintainableBackend, implements
-from .sizes import format_bytes
-from .stats import read_stats_dir
+from ..config import load_config
+from ..errors import ConfigError
+from ..hierarchy.stats import read_stats_dir
+from ..interface import MaintainableBackend, implements
+from ..sizes import format_bytes
+from ..tables import format_table
+from .main import add_output_flags, print_json, wants_json
 
 __all__ = ["inspect_config", "register"]
 

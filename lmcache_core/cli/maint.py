@@ -1,8 +1,8 @@
 """``lmcache-core verify`` and ``lmcache-core gc``: maintenance of persistent tiers.
 
 Both work on any tier implementing :class:`~lmcache_core.maintenance.MaintainableBackend`
-(the disk tier, object stores), given either directly (``--path DIR``: a disk tier's
-directory) or through a configuration (``--config FILE``, every maintainable tier or the
+(the disk tier, object stores), given either directly (``--path DIR``: a tier directory,
+opened by the backend of ``file://`` URLs; ``--url URL``) or through a configuration (``--config FILE``, every maintainable tier or the
 one named by ``--tier``).
 
 ``verify``
@@ -31,11 +31,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from .cli import add_output_flags, format_table, print_json, wants_json
-from .errors import ConfigError, LMCacheError
-from .interface import EntryChecks, EntryInfo, MaintainableBackend, Reconcilable, implements
-from .keys import CacheEngineKey, Namespace
-from .sizes import format_bytes, parse_bytes
+from ..errors import ConfigError, LMCacheError
+from ..interface import (
+    EntryChecks,
+    EntryInfo,
+    MaintainableBackend,
+    OpensForMaintenance,
+    Reconcilable,
+    implements,
+    missing_members,
+)
+from ..keys import CacheEngineKey, Namespace
+from ..sizes import format_bytes, parse_bytes
+from ..tables import format_table
+from .main import add_output_flags, print_json, wants_json
 
 __all__ = ["ProgressBar", "gc_tier", "parse_duration", "register", "verify_tier"]
 
@@ -81,7 +90,9 @@ def register(subparsers: Any) -> None:
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--path", metavar="DIR", help="a disk tier's directory")
+    where.add_argument(
+        "--path", metavar="DIR", help="a tier's directory (opened by the backend of file:// URLs)"
+    )
     where.add_argument("--config", metavar="FILE", help="a configuration; its maintainable tiers")
     where.add_argument(
         "--url",
@@ -170,14 +181,8 @@ class _Target:
 def _open_targets(args: argparse.Namespace) -> list[_Target]:
     """Unstarted backends for ``--path`` or ``--config`` (raises ConfigError)."""
     if args.path is not None:
-        root = Path(args.path)
-        if not (root / ".lmcache-disk").is_dir():
-            raise ConfigError(f"{root} is not a disk tier (no .lmcache-disk directory in it)")
-        from .plugins import get_registry
-
-        cls = get_registry().get("disk").load()
-        return [_Target(str(root), cls({"path": str(root), "max_bytes": 1 << 62}, name="disk"))]
-    from .config import load_config
+        return [_Target(str(args.path), open_tier_dir(args.path))]
+    from ..config import load_config
 
     if getattr(args, "url", None) is not None:
         options = dict(_option_pair(o) for o in args.option)
@@ -188,6 +193,22 @@ def _open_targets(args: argparse.Namespace) -> list[_Target]:
     if args.tier is not None and not tiers:
         raise ConfigError(f"no tier named {args.tier!r}; tiers: {[t.name for t in cfg.tiers]}")
     return [_Target(t.name, t.create_backend()) for t in tiers]
+
+
+def open_tier_dir(path: str) -> Any:
+    """An unstarted backend on the tier stored in local directory ``path``: the backend of
+    ``file://`` URLs opens it (:class:`~lmcache_core.interface.OpensForMaintenance`), so
+    what a tier directory looks like is that backend's knowledge. Raises ConfigError."""
+    from ..plugins import get_registry
+
+    spec = get_registry().for_scheme("file")
+    cls = spec.load()
+    if not implements(cls, OpensForMaintenance):
+        raise ConfigError(
+            f"backend {spec.name!r} (file:// URLs) cannot open an existing tier directory "
+            f"({', '.join(missing_members(cls, OpensForMaintenance))} missing)"
+        )
+    return cls.open_for_maintenance(str(path))
 
 
 def _option_pair(text: str) -> tuple[str, str]:
@@ -300,7 +321,7 @@ def run_verify(args: argparse.Namespace) -> int:
     if wants_json(args):
         print_json({"verify": rows})
     else:
-        table = [[r["tier"], r.get("checked"), _fmt_bytes(r.get("bytes")), r.get("bad"),
+        table = [[r["tier"], r.get("checked"), format_bytes(r["bytes"]) if "bytes" in r else None, r.get("bad"),
                   r.get("deleted"), r.get("error") or r.get("skipped") or ""] for r in rows]  # fmt: skip
         print(format_table(table, ["tier", "checked", "bytes", "bad", "deleted", "note"]))
         for r in rows:
@@ -440,7 +461,3 @@ def run_gc(args: argparse.Namespace) -> int:
         header = ["tier", "scanned", "purged", "expired", "trimmed", "remaining", "note"]
         print(format_table(table, header))
     return 1 if any("error" in r for r in rows) else 0
-
-
-def _fmt_bytes(n: Any) -> str | None:
-    return None if n is None else format_bytes(n)

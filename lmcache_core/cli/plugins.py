@@ -19,21 +19,22 @@ import dataclasses
 import sys
 from typing import Any
 
-from .cli import add_output_flags, format_table, print_json, rewrite_docs, wants_json
-from .errors import UnknownBackendError
-from .interface import INTERFACE_VERSION, RuntimeNote, implements, supported_interface_range
-from .plugins.backend_options import (
+from ..errors import UnknownBackendError
+from ..interface import INTERFACE_VERSION, RuntimeNote, implements, supported_interface_range
+from ..plugins.backend_options import (
     describe_backend_options,
     options_markdown,
     render_options_blocks,
 )
-from .plugins.checks import backend_class_check, spec_problems
-from .plugins.compat import core_version
-from .plugins.hookspecs import HOOKSPEC_VERSION
-from .plugins.loader import load_plugins
-from .plugins.registry import KNOWN_BACKENDS, BackendRegistry, BackendSpec, install_hint
-from .plugins.report import ERROR_STATUSES
-from .plugins.settings import PluginSettings
+from ..plugins.checks import backend_class_check, spec_problems
+from ..plugins.compat import core_version
+from ..plugins.hookspecs import HOOKSPEC_VERSION
+from ..plugins.loader import load_plugins
+from ..plugins.registry import KNOWN_BACKENDS, BackendRegistry, BackendSpec, install_hint
+from ..plugins.report import ERROR_STATUSES
+from ..plugins.settings import PluginSettings
+from ..tables import format_table
+from .main import add_output_flags, print_json, rewrite_docs, wants_json
 
 __all__ = ["backends_report", "plugins_report", "register"]
 

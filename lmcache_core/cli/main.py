@@ -4,10 +4,13 @@ Each module in :data:`COMMAND_MODULES` exposes ``register(subparsers)``, which a
 subcommands with ``parser.set_defaults(func=handler)``; ``handler(args) -> int`` returns
 the exit status. A module that is not there is skipped silently; one that fails to import
 is skipped with a note on stderr, so a broken subcommand never takes the others down.
+Plugins add theirs the same way through the ``lmcache_register_commands(subparsers)``
+hook (:func:`add_plugin_commands`); a hook that raises is reported and its commands are
+left out.
 
 Shared output helpers (:func:`add_output_flags`, :func:`wants_json`, :func:`print_json`,
-:func:`format_table`) keep every subcommand's output alike: a table on a terminal, JSON
-when stdout is not a terminal or with ``--json``.
+:func:`lmcache_core.tables.format_table`) keep every subcommand's output alike: a table
+on a terminal, JSON when stdout is not a terminal or with ``--json``.
 """
 
 from __future__ import annotations
@@ -24,19 +27,19 @@ from typing import Any
 __all__ = [
     "COMMAND_MODULES",
     "add_output_flags",
+    "add_plugin_commands",
     "build_parser",
-    "format_table",
     "main",
     "print_json",
     "wants_json",
 ]
 
 COMMAND_MODULES = [
-    "lmcache_core.cli_plugins",
-    "lmcache_core.cli_config",
-    "lmcache_core.cli_inspect",
-    "lmcache_core.cli_maint",
-    "lmcache_core.cli_simulate",
+    "lmcache_core.cli.plugins",
+    "lmcache_core.cli.config",
+    "lmcache_core.cli.inspect",
+    "lmcache_core.cli.maint",
+    "lmcache_core.cli.simulate",
 ]
 
 
@@ -56,13 +59,57 @@ def _import_command_module(name: str) -> Any | None:
 
 
 def _version() -> str:
-    from .plugins.compat import core_version
+    from ..plugins.compat import core_version
 
     return core_version()
 
 
-def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentParser:
-    """The argument parser with the subcommands of every importable module in ``modules``."""
+def add_plugin_commands(subparsers: Any, pm: Any | None = None) -> list[str]:
+    """Call every plugin's ``lmcache_register_commands(subparsers)`` hook, each on its own.
+
+    ``pm`` is the plugin manager (default: the process-wide registry's). A hook that
+    raises, or adds a command name already taken, is reported on stderr and whatever it
+    added is removed again. Returns the names of the plugins whose hook failed.
+    """
+    if pm is None:
+        from ..plugins import get_registry
+
+        try:
+            pm = get_registry().plugin_manager
+        except Exception as exc:  # strict plugin loading: the built-in commands still work
+            print(f"lmcache-core: plugin commands unavailable: {_describe(exc)}", file=sys.stderr)
+            return []
+        if pm is None:
+            return []
+    failed: list[str] = []
+    for impl in pm.hook.lmcache_register_commands.get_hookimpls():
+        name = pm.get_name(impl.plugin) or repr(impl.plugin)
+        before_names = dict(subparsers.choices)
+        before_help = list(subparsers._choices_actions)
+        try:
+            impl.function(subparsers=subparsers)
+        except (Exception, SystemExit) as exc:  # a plugin must not take the CLI down
+            subparsers.choices.clear()
+            subparsers.choices.update(before_names)
+            subparsers._choices_actions[:] = before_help
+            print(
+                f"lmcache-core: commands of plugin {name} unavailable: {_describe(exc)}",
+                file=sys.stderr,
+            )
+            failed.append(name)
+    return failed
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def build_parser(
+    modules: Sequence[str] = COMMAND_MODULES, *, plugin_manager: Any | None = None
+) -> argparse.ArgumentParser:
+    """The argument parser with the subcommands of every importable module in ``modules``
+    and of every plugin's ``lmcache_register_commands`` hook (``plugin_manager``: the
+    manager whose plugins are asked; default: the process-wide registry's)."""
     parser = argparse.ArgumentParser(
         prog="lmcache-core",
         description="Tiered KV-cache storage for LLM serving: plugins, backends, tiers, data.",
@@ -78,6 +125,7 @@ def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentP
             print(f"lmcache-core: {name} has no register(subparsers)", file=sys.stderr)
             continue
         register(subparsers)
+    add_plugin_commands(subparsers, plugin_manager)
     return parser
 
 
@@ -123,16 +171,6 @@ def wants_json(args: argparse.Namespace) -> bool:
 def print_json(data: Any) -> None:
     """Print ``data`` as indented JSON (non-JSON values as their ``str``)."""
     print(json.dumps(data, indent=2, default=str))
-
-
-def format_table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
-    """Left-aligned columns separated by two spaces; ``None`` shows as ``-``."""
-    cells = [[str(h) for h in header]]
-    cells += [["-" if c is None else str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def rewrite_docs(

@@ -27,10 +27,10 @@ from typing import Any
 
 import yaml
 
-from .cli import add_output_flags, print_json, rewrite_docs, wants_json
-from .config import CacheConfig, NotImported, load_config, schema_markdown
-from .errors import ConfigError
-from .namespaces import configured_namespace, namespace_label, namespace_warnings
+from ..config import CacheConfig, NotImported, load_config, schema_markdown
+from ..config.namespaces import configured_namespace, namespace_label, namespace_warnings
+from ..errors import ConfigError
+from .main import add_output_flags, print_json, rewrite_docs, wants_json
 
 __all__ = ["SCHEMA_BEGIN", "SCHEMA_END", "register", "render_schema_block"]
 
@@ -205,7 +205,7 @@ def run_schema(args: argparse.Namespace) -> int:
 
 def run_from_lmcache(args: argparse.Namespace) -> int:
     """Print the lmcache-core equivalent of the LMCache configuration ``args.file``."""
-    from .lmcache_compat import from_lmcache, read_lmcache_file
+    from ..config.lmcache_compat import from_lmcache, read_lmcache_file
 
     try:
         tr = from_lmcache(read_lmcache_file(args.file))

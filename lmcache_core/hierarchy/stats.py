@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .redaction import scrub
+from ..redaction import scrub
 
 __all__ = [
     "LatencyReservoir",

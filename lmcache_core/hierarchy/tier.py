@@ -2,7 +2,7 @@
 
 Every call into the backend goes through :meth:`Tier._call`: an ``Exception`` becomes a
 miss (or a skipped lookup, or a dropped store) plus an error count and a retry backoff
-(:class:`~lmcache_core.tiering.health.TierHealth`); ``asyncio.CancelledError``,
+(:class:`~lmcache_core.hierarchy.health.TierHealth`); ``asyncio.CancelledError``,
 ``KeyboardInterrupt`` and caller errors (:class:`~lmcache_core.errors.BufferMismatchError`)
 propagate. Loads from a tier with ``load_deadline_ms`` go into a private staging buffer:
 a load that misses its deadline is abandoned (left to finish in the background, its
@@ -23,10 +23,10 @@ from ..config import TierConfig
 from ..errors import BufferMismatchError, ConfigError
 from ..interface import BatchedPinning, Pinning, PrefixContains, implements
 from ..keys import CacheEngineKey
-from ..stats import TierStats
 from .admission import BoundedKeySet, SightingCounter
 from .health import TierHealth
 from .staging import StagedChunk, StagingPool
+from .stats import TierStats
 from .writer import WriteJob, WriteQueue
 
 __all__ = ["Tier"]

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def lmcache_register_backends(registry: BackendRegistry) -> None:
     """Register the host-memory ``cpu`` backend (URL schemes ``cpu://`` and ``memory://``)."""
     registry.add(
-        "lmcache_core.default_plugins.cpu:CPUBackend",
+        "lmcache_core.backends.cpu:CPUBackend",
         name="cpu",
         schemes=("cpu", "memory"),
         install_hint="pip install -e . (in an lmcache-core checkout)",

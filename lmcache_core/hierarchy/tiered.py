@@ -54,10 +54,11 @@ from typing import Any
 
 import torch
 
-from .backend import BaseBackend, Capabilities
-from .config import CacheConfig, load_config
-from .errors import ConfigError
-from .interface import (
+from ..backend import BaseBackend, Capabilities
+from ..config import CacheConfig, load_config
+from ..config.namespaces import namespace_label, namespace_warnings, resolve_namespace
+from ..errors import ConfigError
+from ..interface import (
     EvictionEvents,
     ThreadSafeContains,
     ThreadSafeLoads,
@@ -65,13 +66,12 @@ from .interface import (
     implements,
     pins_do_io,
 )
-from .keys import CacheEngineKey, Namespace
-from .memory import copy_into
-from .namespaces import namespace_label, namespace_warnings, resolve_namespace
+from ..keys import CacheEngineKey, Namespace
+from ..memory import copy_into
+from .leases import LeaseTable
+from .staging import CopyBudget, StagedChunk, StagingPool
 from .stats import LatencyReservoir, StatsFileWriter
-from .tiering.leases import LeaseTable
-from .tiering.staging import CopyBudget, StagedChunk, StagingPool
-from .tiering.tier import Tier
+from .tier import Tier
 
 __all__ = ["EvictionListener", "PrefixLookup", "TieredHierarchy"]
 
@@ -235,7 +235,7 @@ class TieredHierarchy(BaseBackend):
         tier). ``registry`` resolves backend names (default: the process-wide registry).
         ``namespace`` is whose chunks these are: without it, the configuration's
         ``namespace`` section, else the namespace ``default`` (a field set in both must
-        agree: :func:`~lmcache_core.namespaces.resolve_namespace`). Nothing is opened
+        agree: :func:`~lmcache_core.config.namespaces.resolve_namespace`). Nothing is opened
         until :meth:`start`."""
         return cls(load_config(config, registry=registry), namespace=namespace, name=name)
 

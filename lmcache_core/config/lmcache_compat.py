@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..tables import markdown_table
 
 __all__ = [
     "LMCACHE_ALIASES",
@@ -548,16 +549,9 @@ def from_lmcache(
     return Translation(storage=storage, connector=connector, not_honoured=notes)
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def translation_markdown() -> str:
     """The translation table of :data:`LMCACHE_KEYS` and the aliases (Markdown)."""
-    lines = [
-        "| LMCache key | LMCache default | lmcache-core | Notes |",
-        "|---|---|---|---|",
-    ]
+    rows = []
     for k in LMCACHE_KEYS:
         default = "" if k.default is None else f"`{k.default!r}`"
         if k.kind == MAPPED:
@@ -566,7 +560,7 @@ def translation_markdown() -> str:
             what = "ignored"
         else:
             what = "not honoured (warned when set)"
-        lines.append(f"| `{k.name}` | {_cell(default)} | {_cell(what)} | {_cell(k.why)} |")
+        rows.append([f"`{k.name}`", default, what, k.why])
     for old, new in LMCACHE_ALIASES.items():
-        lines.append(f"| `{old}` |  | read as `{new}` | LMCache's deprecated name |")
-    return "\n".join(lines) + "\n"
+        rows.append([f"`{old}`", "", f"read as `{new}`", "LMCache's deprecated name"])
+    return markdown_table(rows, ["LMCache key", "LMCache default", "lmcache-core", "Notes"])

@@ -36,11 +36,11 @@ from typing import Any
 import torch
 
 from ..backend import BaseBackend, Capabilities
+from ..config.options import build_options, option
 from ..errors import BufferMismatchError, ConfigError, KeyFormatError
 from ..interface import EvictionListener
 from ..keys import CacheEngineKey, Namespace, check_key_size
 from ..memory import copy_into
-from ..options import build_options, option
 from .host_buffers import Buffer, BufferPool
 
 __all__ = ["CPUBackend", "CPUOptions"]

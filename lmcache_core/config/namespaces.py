@@ -13,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, KeyFormatError
-from .keys import Namespace
+from ..errors import ConfigError, KeyFormatError
+from ..keys import Namespace
 
 if TYPE_CHECKING:
-    from .config import CacheConfig
+    from .schema import CacheConfig
 
 __all__ = [
     "DEFAULT_NAMESPACE",
@@ -39,7 +39,7 @@ _FIELDS = (("model", "model_name"), ("revision", "model_revision"), ("layout", "
 def _salt_id(cfg: CacheConfig) -> str:
     if not cfg.hash_salt:
         return ""
-    from .token_db import ChunkedTokenDatabase
+    from ..token_db import ChunkedTokenDatabase
 
     return ChunkedTokenDatabase.salt_id(cfg.hash_salt)
 

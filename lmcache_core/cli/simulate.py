@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .cli import add_output_flags, format_table, print_json, wants_json
+from ..tables import format_table
+from .main import add_output_flags, print_json, wants_json
 
 __all__ = ["register", "run_simulate"]
 
@@ -34,7 +35,7 @@ def _floats(text: str) -> list[float]:
 
 
 def register(subparsers: Any) -> None:
-    from .placement import FAMILIES, POLICIES
+    from ..placement import FAMILIES, POLICIES
 
     p = subparsers.add_parser(
         "simulate",
@@ -115,7 +116,7 @@ def register(subparsers: Any) -> None:
 
 def run_simulate(args: argparse.Namespace) -> int:
     """Handler of ``lmcache-core simulate``; returns the exit status."""
-    from .placement import (
+    from ..placement import (
         FAMILIES,
         POLICIES,
         PrefillCost,
@@ -124,8 +125,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         generate,
         read_trace,
     )
-    from .placement.report import BASELINES, best_baseline_gain, plot_cells, run_grid
-    from .placement.traces import write_trace
+    from ..placement.report import BASELINES, best_baseline_gain, plot_cells, run_grid
+    from ..placement.traces import write_trace
 
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     unknown = [x for x in policies if x not in POLICIES]

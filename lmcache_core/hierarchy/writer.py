@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..keys import CacheEngineKey
-from ..stats import TierStats
 from .staging import StagedChunk
+from .stats import TierStats
 
 __all__ = ["WriteJob", "WriteQueue"]
 
