@@ -357,3 +357,11 @@ class Harness:
 
 def _f32(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float32))
+
+
+def storage_config(chunk: int, cpu: str = "8MiB", disk: Path | None = None) -> dict[str, Any]:
+    """A connector storage section: a cpu tier of ``cpu`` bytes, then a disk tier at ``disk``."""
+    tiers: list[dict[str, Any]] = [{"name": "cpu", "backend": "cpu", "options": {"max_bytes": cpu}}]
+    if disk is not None:
+        tiers.append({"name": "disk", "backend": "disk", "options": {"path": str(disk)}})
+    return {"chunk_size": chunk, "tiers": tiers}

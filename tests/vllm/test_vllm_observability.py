@@ -14,14 +14,13 @@ from __future__ import annotations
 import logging
 import random
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import Models, requires_vllm
 from engine_driver import wait_disk_stable
-from sched_harness import Harness
+from sched_harness import Harness, storage_config
 
 pytestmark = [requires_vllm, pytest.mark.vllm]
 
@@ -34,18 +33,7 @@ B = [RNG.randrange(4, 500) for _ in range(3 * CHUNK + 10)]
 
 
 def _storage(cpu: str = "8MiB", disk: Path | None = None) -> dict[str, Any]:
-    tiers: list[dict[str, Any]] = [{"name": "cpu", "backend": "cpu", "options": {"max_bytes": cpu}}]
-    if disk is not None:
-        tiers.append({"name": "disk", "backend": "disk", "options": {"path": str(disk)}})
-    return {"chunk_size": CHUNK, "tiers": tiers}
-
-
-@pytest.fixture
-def harnesses() -> Iterator[list[Harness]]:
-    made: list[Harness] = []
-    yield made
-    for h in made:
-        h.close()
+    return storage_config(CHUNK, cpu, disk)
 
 
 def _run(h: Harness, req_id: str, tokens: list[int]) -> None:
