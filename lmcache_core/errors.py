@@ -57,6 +57,14 @@ class UnknownBackendError(PluginError, LookupError):
     """A backend name or URL scheme is not registered."""
 
 
+class DuplicatePolicyError(PluginError, ValueError):
+    """A placement policy name was registered twice without ``override=True``."""
+
+
+class UnknownPolicyError(PluginError, LookupError):
+    """A placement policy name is not registered."""
+
+
 class TokenInputError(LMCacheError, ValueError):
     """Tokens, a mask, extra keys or block hashes given to the token database are invalid.
 

@@ -58,7 +58,7 @@ def test_first_party_classes_pass_and_name_their_capabilities():
     assert (cpu.problems, cpu.warnings, cpu.interface_version) == ([], [], INTERFACE_VERSION)
     assert cpu.optional == [
         "ThreadSafeLoads", "ThreadSafeContains", "ThreadSafePuts", "ThreadSafeBorrows",
-        "EvictionEvents", "Pinning", "BatchedPinning",
+        "EvictionEvents", "Pinning", "BatchedPinning", "VictimSelection",
     ]  # fmt: skip
     disk = check_backend_class(DiskBackend)
     assert (disk.problems, disk.warnings) == ([], [])

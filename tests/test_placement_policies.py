@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import pytest
 
 from lmcache_core.placement import (
@@ -196,27 +198,31 @@ def test_cost_aware_own_history_counts_from_the_first_reuse() -> None:
     assert eager.expected_hits("k", alone) == pytest.approx(1.0, rel=1e-6)
 
 
-def test_cost_aware_half_life_adapts_on_ghost_hits() -> None:
-    p = CostAwarePolicy(4 * MB, half_life=100.0)
-    once = info(None, 0)
-    p.record_access("a", once, hit=False)
-    p.inserted("a", once)
-    p.removed("a")  # evicted after one access: a ghost
-    p.record_access("a", once, hit=False)  # back: recency was under-valued
-    assert p.half_life == pytest.approx(95.0)
-    for _ in range(3):
-        p.record_access("b", once, hit=False)
-    p.inserted("b", once)
-    p.removed("b")
-    p.record_access("b", once, hit=False)  # back after 3 accesses: frequency was
-    assert p.half_life == pytest.approx(95.0 * 1.05)
+def test_cost_aware_memory_follows_the_workload() -> None:
+    """Stationary popularity (RAG) switches the policy to its long memory; chats whose
+    chunks come back a few times and then never keep it on the short one."""
+    from lmcache_core.placement import SimConfig, simulate
+    from lmcache_core.placement.simulator import working_set_bytes
+    from lmcache_core.placement.traces import multi_turn_trace, rag_trace
+
+    for trace, long_memory in (
+        (rag_trace(n_requests=2000, seed=5, n_docs=300), True),
+        (multi_turn_trace(seed=5, n_sessions=100), False),
+    ):
+        cfg = SimConfig(working_set_bytes(trace, 131072) // 4)
+        p = CostAwarePolicy(cfg.capacity_bytes, chunk_bytes_hint=256 * 131072)
+        simulate(trace, p, cfg)
+        assert p.long_memory is long_memory
+    fixed = CostAwarePolicy(64 * MB, adapt=False)
+    simulate(rag_trace(n_requests=2000, seed=5, n_docs=300), fixed, SimConfig(64 * MB))
+    assert fixed.long_memory is False
 
 
 def test_cost_aware_victims_stay_right_across_heap_rebuilds() -> None:
     # Touching the current victim each round re-values it lazily: the heap grows until
     # it is rebuilt; the victim must stay the least valuable resident leaf throughout.
     p = CostAwarePolicy(64 * MB, adapt=False, half_life=1e9, min_reuse=1)
-    infos = {f"k{i}": info(None, 0) for i in range(20)}
+    infos: dict[Hashable, ChunkInfo] = {f"k{i}": info(None, 0) for i in range(20)}
     for k, i in infos.items():
         p.inserted(k, i)
     for _ in range(3000):

@@ -186,6 +186,7 @@ def test_cli_simulate_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixtur
         "--plot",
         str(png),
         "--json",
+        "--oracle",
     ]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
@@ -195,7 +196,11 @@ def test_cli_simulate_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixtur
         ("lru", 0.5),
         ("cost", 0.1),
         ("cost", 0.5),
+        ("oracle", 0.1),
+        ("oracle", 0.5),
     }
+    saved = {(r["policy"], r["capacity_fraction"]): r["compute_s_saved"] for r in rows}
+    assert saved[("oracle", 0.1)] >= saved[("lru", 0.1)]  # it reads the future
     for r in rows:
         assert 0 <= r["hit_ratio"] <= 1 and r["trace"] == "t.jsonl"
         # price 3.6/h = 0.001 per compute-second
@@ -223,3 +228,17 @@ def test_cli_simulate_table_and_errors(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["simulate", "--write-trace", str(tmp_path / "x")]) == 2
     with pytest.raises(SystemExit):
         main(["simulate", "--capacities", "0,1"])
+
+
+def test_belady_oracle_bounds_every_policy_and_refuses_out_of_order_replays() -> None:
+    from lmcache_core.placement.oracle import BeladyOracle
+    from lmcache_core.placement.simulator import SimConfig, simulate, working_set_bytes
+    from lmcache_core.placement.traces import rag_trace
+
+    trace = rag_trace(n_requests=800, seed=3, n_docs=150)
+    cfg = SimConfig(working_set_bytes(trace, 131072) // 5)
+    oracle = simulate(trace, BeladyOracle(trace, 131072), cfg)
+    for name in ("lru", "arc", "s3fifo", "cost"):
+        assert oracle.compute_s_saved >= simulate(trace, name, cfg).compute_s_saved, name
+    with pytest.raises(ValueError, match="out of its trace's order"):
+        simulate(trace[1:], BeladyOracle(trace, 131072), cfg)

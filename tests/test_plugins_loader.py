@@ -43,7 +43,7 @@ def test_builtin_cpu_loads_through_the_hook():
     assert reg.names() == ["cpu"]
     core = info(reg, "lmcache-core")
     assert core.builtin and core.status == "ok"
-    assert core.hooks == ["lmcache_register_backends"]
+    assert core.hooks == ["lmcache_register_backends", "lmcache_register_policies"]
     assert core.version == core_version()
     assert reg.get("cpu").provider == "lmcache-core"
     assert reg.plugin_manager is not None

@@ -1,4 +1,5 @@
-"""Hook implementations of the built-in plugin ``lmcache-core`` (the ``cpu`` backend).
+"""Hook implementations of the built-in plugin ``lmcache-core`` (the ``cpu`` backend and
+the placement policies ``lru``, ``arc``, ``s3fifo`` and ``cost``).
 
 It is registered by the loader through the same hooks as third-party plugins, before any
 of them, and cannot be disabled.
@@ -23,3 +24,10 @@ def lmcache_register_backends(registry: BackendRegistry) -> None:
         schemes=("cpu", "memory"),
         install_hint="pip install -e . (in an lmcache-core checkout)",
     )
+
+
+@hookimpl
+def lmcache_register_policies(registry: BackendRegistry) -> None:
+    """Register the built-in placement policies (docs/placement.md)."""
+    for name in ("lru", "arc", "s3fifo", "cost"):
+        registry.add_policy(name, f"lmcache_core.placement.wiring:{name}_policy")

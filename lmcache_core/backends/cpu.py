@@ -29,7 +29,8 @@ import itertools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,7 @@ import torch
 from ..backend import BaseBackend, Capabilities
 from ..config.options import build_options, option
 from ..errors import BufferMismatchError, ConfigError, KeyFormatError
-from ..interface import EvictionListener
+from ..interface import EvictionListener, VictimSelector
 from ..keys import CacheEngineKey, Namespace, check_key_size
 from ..memory import copy_into
 from .host_buffers import Buffer, BufferPool
@@ -126,6 +127,23 @@ def _owns_storage(t: torch.Tensor, nbytes: int) -> bool:
     return t.storage_offset() == 0 and t.untyped_storage().nbytes() == nbytes
 
 
+class _Evictable(AbstractSet[CacheEngineKey]):
+    """The keys a victim selector may name: stored and not in use (a live view)."""
+
+    def __init__(self, entries: OrderedDict[CacheEngineKey, Any]) -> None:
+        self._entries = entries
+
+    def __contains__(self, key: object) -> bool:
+        entry = self._entries.get(key)  # type: ignore[call-overload]
+        return entry is not None and entry.users == 0
+
+    def __iter__(self) -> Iterator[CacheEngineKey]:
+        return (k for k, e in self._entries.items() if e.users == 0)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 class CPUBackend(BaseBackend):
     """Host-memory LRU tier (backend name ``cpu``)."""
 
@@ -155,6 +173,8 @@ class CPUBackend(BaseBackend):
         self._evictions = 0
         self._evicted_bytes = 0
         self._eviction_listener: EvictionListener | None = None
+        self._victim_selector: VictimSelector | None = None
+        self._evictable = _Evictable(self._entries)
         # Guards the index, reference counts and byte accounting against the loads that
         # other threads serve through try_batched_get_into_threadsafe. Reentrant: the
         # bookkeeping helpers nest.
@@ -179,6 +199,14 @@ class CPUBackend(BaseBackend):
             self._npins = 0
             self._pool.clear()
             self._used = self._data_bytes = self._reserved = 0
+
+    def set_victim_selector(self, selector: VictimSelector | None) -> None:
+        """Ask ``selector`` for the next victim when room is needed (``None``: least
+        recently used first). It is called with this backend's lock held and gets a set
+        view of the evictable keys (never pinned or in-flight ones); whatever room its
+        answer does not make is made in LRU order."""
+        with self._lock:
+            self._victim_selector = selector
 
     def set_eviction_listener(self, listener: EvictionListener | None) -> None:
         """Call ``listener(key, tensor)`` before an entry is evicted for capacity.
@@ -252,25 +280,40 @@ class CPUBackend(BaseBackend):
                 self._free_entry(entry)
 
     def _evict_one_locked(self) -> bool:
+        select = self._victim_selector
+        if select is not None:
+            try:
+                chosen = select(self._evictable, 0)  # type: ignore[arg-type]
+            except Exception:  # a policy must never break eviction
+                log.exception("victim selector failed")
+                chosen = ()
+            for key in chosen:
+                entry = self._entries.get(key)
+                if entry is not None and entry.users == 0:
+                    self._evict_locked(key, entry)
+                    return True
         for key, entry in self._entries.items():
             if entry.users == 0:
-                del self._entries[key]
-                taken = False
-                if self._eviction_listener is not None:
-                    try:
-                        taken = self._eviction_listener(key, entry.view()) is True
-                    except Exception:  # a listener must never break eviction
-                        log.exception("eviction listener failed for %s", key)
-                self._evictions += 1
-                self._evicted_bytes += entry.nbytes
-                if taken:  # handed over: account for it, never recycle the buffer
-                    entry.stale = True
-                    self._used -= entry.mem.cost
-                    self._data_bytes -= entry.nbytes
-                else:
-                    self._release(entry)
+                self._evict_locked(key, entry)
                 return True
         return False
+
+    def _evict_locked(self, key: CacheEngineKey, entry: _Entry) -> None:
+        del self._entries[key]
+        taken = False
+        if self._eviction_listener is not None:
+            try:
+                taken = self._eviction_listener(key, entry.view()) is True
+            except Exception:  # a listener must never break eviction
+                log.exception("eviction listener failed for %s", key)
+        self._evictions += 1
+        self._evicted_bytes += entry.nbytes
+        if taken:  # handed over: account for it, never recycle the buffer
+            entry.stale = True
+            self._used -= entry.mem.cost
+            self._data_bytes -= entry.nbytes
+        else:
+            self._release(entry)
 
     def _reset_copy_budget(self) -> None:
         self._since_yield = 0

@@ -104,6 +104,12 @@ def register(subparsers: Any) -> None:
         default=None,
         help="accelerator price per hour: also report currency per 1k prompt tokens",
     )
+    p.add_argument(
+        "--oracle",
+        action="store_true",
+        help="also replay a clairvoyant reference (Belady: evicts the chunk requested "
+        "farthest in the future); shows the room left above the policies",
+    )
     p.add_argument("--plot", metavar="PNG", help="write the plot to this PNG file")
     p.add_argument(
         "--write-trace",
@@ -159,7 +165,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     except (OSError, TraceError, ValueError) as exc:
         print(f"simulate: {exc}", file=sys.stderr)
         return 2
-    cells = run_grid(traces, args.capacities, policies, base)
+    cells = run_grid(traces, args.capacities, policies, base, oracle=args.oracle)
     price = args.price_per_hour
     rows = []
     for c in cells:

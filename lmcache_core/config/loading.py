@@ -54,6 +54,7 @@ from .schema import (
     CacheConfig,
     NamespaceSettings,
     NotImported,
+    PlacementSettings,
     TierConfig,
     TierSettings,
     TopLevelSettings,
@@ -160,6 +161,8 @@ def _load(
     _check_keys(TopLevelSettings, resolved, "")
     if isinstance(resolved.get("namespace"), str):  # a text is the namespace's name
         resolved = {**resolved, "namespace": {"name": resolved["namespace"]}}
+    if isinstance(resolved.get("placement"), str):  # a text is the policy's name
+        resolved = {**resolved, "placement": {"policy": resolved["placement"]}}
     top = build_options(TopLevelSettings, resolved, path="", hidden=hidden)
     if top.hash_salt is not None:
         secrets.append(top.hash_salt)
@@ -176,8 +179,16 @@ def _load(
                 "or leave the section out for the 'default' namespace",
                 "namespace",
             )
+    placement = None
+    placement_factory = None
+    if top.placement is not None:
+        _check_keys(PlacementSettings, top.placement, "placement")
+        placement = build_options(PlacementSettings, top.placement, path="placement", hidden=hidden)
+        placement_factory = _check_placement(placement, tiers, top.chunk_size, registry)
     cfg = CacheConfig(
         tiers=tiers,
+        placement=placement,
+        placement_factory=placement_factory,
         chunk_size=top.chunk_size,
         hash_algorithm=top.hash_algorithm,
         hash_salt=top.hash_salt,
@@ -356,6 +367,40 @@ def _collect_url_passwords(doc: Any, secrets: list[str]) -> None:
     elif isinstance(doc, list):
         for v in doc:
             _collect_url_passwords(v, secrets)
+
+
+def _check_placement(
+    placement: PlacementSettings, tiers: Sequence[TierConfig], chunk_size: int, registry: Any
+) -> Any:
+    """The policy's factory. Refuses an unknown policy, an unknown tier name or options the
+    policy rejects (each tier's policy is built once here, without I/O, to ask it)."""
+    from ..errors import UnknownPolicyError
+    from ..placement.wiring import policy_context
+
+    if registry is None:
+        from ..plugins import get_registry
+
+        registry = get_registry()
+    try:
+        factory = registry.policy_factory(placement.policy)
+    except UnknownPolicyError as exc:
+        raise ConfigError(str(exc), "placement.policy") from None
+    names = {t.name for t in tiers}
+    for name in placement.tiers:
+        if name not in names:
+            raise ConfigError(
+                f"no tier is called {name!r} (tiers: {', '.join(t.name for t in tiers)})",
+                f"placement.tiers.{name}",
+            )
+        if not isinstance(placement.tiers[name], Mapping):
+            raise ConfigError("expected a mapping of policy options", f"placement.tiers.{name}")
+    for t in tiers:
+        where = f"placement.tiers.{t.name}" if t.name in placement.tiers else "placement.options"
+        try:
+            factory(policy_context(t, placement, chunk_size))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"policy {placement.policy!r}: {exc}", where) from None
+    return factory
 
 
 def _check_keys(schema: type[Any], raw: Mapping[str, Any], path: str) -> None:

@@ -6,7 +6,13 @@ from typing import Any
 
 from ..tables import markdown_table
 from .options import describe_options
-from .schema import NamespaceSettings, TierSettings, TopLevelSettings, WriteSettings
+from .schema import (
+    NamespaceSettings,
+    PlacementSettings,
+    TierSettings,
+    TopLevelSettings,
+    WriteSettings,
+)
 
 __all__ = ["schema_markdown"]
 
@@ -21,7 +27,7 @@ def _table(cls: type[Any], prefix: str = "") -> str:
             default = str(o["default"]).lower()
         if o["name"] == "tiers":
             default = "one cpu tier"
-        elif o["name"] == "namespace" and not prefix:
+        elif o["name"] in ("namespace", "placement") and not prefix:
             kind = "dict or str"
         elif o["type"] == "dict" and default == "{}":
             default = "{}"
@@ -40,4 +46,6 @@ def schema_markdown() -> str:
         + _table(WriteSettings, "write.")
         + "\n### Namespace keys (the top-level `namespace`)\n\n"
         + _table(NamespaceSettings, "namespace.")
+        + "\n### Placement keys (the top-level `placement`)\n\n"
+        + _table(PlacementSettings, "placement.")
     )

@@ -26,6 +26,7 @@ __all__ = [
     "CacheConfig",
     "NamespaceSettings",
     "NotImported",
+    "PlacementSettings",
     "TierConfig",
     "TierSettings",
     "TopLevelSettings",
@@ -79,6 +80,12 @@ class TopLevelSettings:
         kind="dict",
         doc="Whose chunks these are (see the namespace table); a text is its `name`. "
         "Default: the namespace `default` (the vLLM connector supplies its own).",
+    )
+    placement: dict[str, Any] | None = option(  # noqa: RUF009
+        None,
+        kind="dict",
+        doc="Which chunks each tier admits and evicts (see the placement table); a text "
+        "is its `policy`. Default: each backend's own order (LRU), as without the section.",
     )
 
 
@@ -162,6 +169,27 @@ class WriteSettings:
         doc="Store a chunk in this tier only from its Nth sighting (a store or "
         "an eviction from above naming it).",
         minimum=1,
+    )
+
+
+@dataclass(frozen=True)
+class PlacementSettings:
+    """Keys of the top-level ``placement`` mapping (docs/placement.md). One policy class
+    for the hierarchy, one instance per tier."""
+
+    policy: str = option(
+        "lru",
+        kind="str",
+        doc="A registered placement policy: lru, arc, s3fifo, cost, or a plugin's "
+        "(lmcache_register_policies). lru keeps each backend's own order.",
+    )
+    options: dict[str, Any] = option(  # noqa: RUF009
+        {}, kind="dict", doc="The policy's options for every tier (docs/placement.md)."
+    )
+    tiers: dict[str, Any] = option(  # noqa: RUF009
+        {},
+        kind="dict",
+        doc="Per tier name, options that replace `options` keys for that tier.",
     )
 
 
@@ -287,6 +315,11 @@ class CacheConfig:
     #: The ``namespace`` section; ``None`` when the configuration names none (the hierarchy
     #: then uses the visible ``default`` namespace, see :mod:`lmcache_core.config.namespaces`).
     namespace: NamespaceSettings | None = None
+    #: The ``placement`` section; ``None`` when absent (every backend keeps its own order).
+    placement: PlacementSettings | None = None
+    #: The placement policy's factory, resolved from the registry the configuration was
+    #: loaded with (``None`` without a ``placement`` section).
+    placement_factory: Any = field(default=None, repr=False, compare=False)
     #: Config paths whose value came from ``{"$env": NAME}``, with the variable name.
     env_paths: Mapping[str, str] = field(default_factory=dict, repr=False)
     #: Where the configuration was read from (a file path), if anywhere.
@@ -321,6 +354,9 @@ class CacheConfig:
             if f.name == "namespace":
                 ns = self.namespace
                 out[f.name] = None if ns is None else {k: _plain(v) for k, v in vars(ns).items()}
+            elif f.name == "placement":
+                pl = self.placement
+                out[f.name] = None if pl is None else dict(vars(pl))
             elif f.name != "tiers":
                 out[f.name] = _plain(getattr(self, f.name))
         if redact and self.hash_salt is not None:

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -28,6 +28,9 @@ from .health import TierHealth
 from .staging import StagedChunk, StagingPool
 from .stats import TierStats
 from .writer import WriteJob, WriteQueue
+
+if TYPE_CHECKING:
+    from ..placement.wiring import TierPlacement
 
 __all__ = ["Tier"]
 
@@ -85,6 +88,9 @@ class Tier:
             concurrency=cfg.write_concurrency,
             name=cfg.name,
         )
+        #: This tier's placement policy (``None``: the backend's own order, admission by
+        #: ``admit_after`` alone; set by the hierarchy when a policy is configured).
+        self.placement: TierPlacement | None = None
         self.can_pin = implements(backend, Pinning)
         self.started = False
         self._abandoned = 0
@@ -343,10 +349,13 @@ class Tier:
                 give_back()
 
     # ------------------------------------------------------------------ stores
-    def admits(self, key: CacheEngineKey) -> bool:
-        """Record a sighting of ``key`` and say whether this tier's admission lets it in."""
+    def admits(self, key: CacheEngineKey, nbytes: int = 0) -> bool:
+        """Record a sighting of ``key`` and say whether this tier's admission lets it in:
+        ``admit_after``, then the placement policy (if any) for a chunk of ``nbytes``."""
         if self.sightings.admit(key):
-            return True
+            pl = self.placement
+            if pl is None or pl.admits(key, nbytes):
+                return True
         self.stats.not_admitted += 1
         return False
 
@@ -389,6 +398,8 @@ class Tier:
             self.stats.stores += 1
             self.stats.bytes_in += _nbytes(value)
             self.known.add(job.key)
+            if self.placement is not None:
+                self.placement.stored(job.key, _nbytes(value))
             if job.kind == "back":
                 self.stats.write_backs += 1
             elif job.kind == "promote":
@@ -404,6 +415,8 @@ class Tier:
         if ok:
             self.stats.stores += 1
             self.stats.bytes_in += _nbytes(value)
+            if self.placement is not None:
+                self.placement.stored(key, _nbytes(value))
         else:
             self.stats.store_failures += 1
         return bool(ok)
@@ -414,6 +427,8 @@ class Tier:
         self.sightings.forget(key)
         for fut in self.writer.discard(key):
             await asyncio.shield(fut)
+        if self.placement is not None:
+            self.placement.removed(key)
         return bool(await self._call("remove", lambda: self.backend.remove(key), False))
 
     # ------------------------------------------------------------------ pins

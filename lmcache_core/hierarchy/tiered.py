@@ -29,6 +29,12 @@ suite runs against it unchanged). Tiers come from the configuration
   background stores, tier by tier from the top (a tier's stores can evict into the next),
   cancels what is left (counted as dropped with reason ``closed``), then closes the tiers.
   :meth:`~TieredHierarchy.flush` waits for pending stores without closing.
+* **Placement.** With a ``placement`` section naming a policy other than ``lru``, each
+  tier gets its own policy (:mod:`lmcache_core.placement.wiring`): it sees every lookup,
+  store, removal and eviction, decides admission with ``admit_after`` (stores,
+  write-through, write-back, promotion), and chooses the victims of tiers whose backend
+  lets it (``cpu``); shared tiers keep their own eviction. Without the section (or with
+  ``lru``) no policy object exists and every path is as described above.
 * **Eviction events.** :meth:`~TieredHierarchy.add_eviction_listener` subscribes any
   number of listeners to capacity evictions in every tier that reports them (``cpu``
   does); write-back is one more consumer of the same event.
@@ -50,7 +56,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -64,6 +70,7 @@ from ..interface import (
     ThreadSafeContains,
     ThreadSafeLoads,
     ThreadSafePuts,
+    VictimSelection,
     implements,
     pins_do_io,
 )
@@ -73,6 +80,9 @@ from .leases import LeaseTable
 from .staging import CopyBudget, StagedChunk, StagingPool
 from .stats import LatencyReservoir, StatsFileWriter
 from .tier import Tier
+
+if TYPE_CHECKING:
+    from ..placement.wiring import ChainBook
 
 __all__ = ["EvictionListener", "PrefixLookup", "TieredHierarchy"]
 
@@ -222,6 +232,28 @@ class TieredHierarchy(BaseBackend):
         self._fast_bytes = 0
         self._eviction_listeners: list[EvictionListener] = []
         self._fast_stats = _FastPathStats(len(self.tiers))
+        #: Chain links learned from lookups; ``None`` when no tier has a placement policy.
+        self._chains: ChainBook | None = self._attach_placement(cfg)
+
+    def _attach_placement(self, cfg: CacheConfig) -> ChainBook | None:
+        """One policy per tier from the ``placement`` section; nothing for ``lru`` or no
+        section (every backend keeps its own LRU order: today's behaviour, unchanged)."""
+        pl = cfg.placement
+        if pl is None or pl.policy == "lru":
+            return None
+        from ..placement.wiring import ChainBook, TierPlacement, policy_context
+
+        factory = cfg.placement_factory
+        if factory is None:  # a CacheConfig built by hand
+            from ..plugins import get_registry
+
+            factory = get_registry().policy_factory(pl.policy)
+        book = ChainBook(chunk_tokens=cfg.chunk_size)
+        for t in self.tiers:
+            ctx = policy_context(t.cfg, pl, cfg.chunk_size)
+            chooses = not ctx.shared and implements(t.backend, VictimSelection)
+            t.placement = TierPlacement(factory(ctx), book, ctx.chunk_bytes, chooses)
+        return book
 
     @classmethod
     def from_config(
@@ -271,6 +303,8 @@ class TieredHierarchy(BaseBackend):
             write_back = below if below is not None and below.policy == "back" else None
             if implements(t.backend, EvictionEvents):
                 t.backend.set_eviction_listener(self._make_eviction_event(t, write_back))
+            if t.placement is not None and t.placement.chooses_victims:
+                t.backend.set_victim_selector(t.placement.selector())
         if self.config.stats_dir is not None:
             self._stats_writer = StatsFileWriter(
                 self.config.stats_dir, self.config.stats_interval_s, self._stats_document
@@ -289,6 +323,8 @@ class TieredHierarchy(BaseBackend):
             await t.close(max(0.0, deadline - time.monotonic()))
             if implements(t.backend, EvictionEvents):
                 t.backend.set_eviction_listener(None)
+            if t.placement is not None and t.placement.chooses_victims:
+                t.backend.set_victim_selector(None)
         if self._stats_writer is not None:
             await self._stats_writer.stop()
             self._stats_writer = None
@@ -319,6 +355,8 @@ class TieredHierarchy(BaseBackend):
         handles: list[object | None] = [None] * n if lease_s is not None else []
         missing = list(range(n))
         skipped: list[str] = []
+        if self._chains is not None:
+            self._chains.learn(keys)
         for t in self.tiers:
             if not missing:
                 break
@@ -327,6 +365,8 @@ class TieredHierarchy(BaseBackend):
             if found is None:
                 skipped.append(t.name)
                 continue
+            if t.placement is not None:
+                t.placement.looked_up(sub, found)
             writer = t.writer
             check_pending = writer.depth > 0
             still: list[int] = []
@@ -513,10 +553,13 @@ class TieredHierarchy(BaseBackend):
         src.known.add(key)
         if not src.cfg.promote:
             return
+        nbytes = _nbytes(value)
         targets = [
             t
             for t in self.tiers[: src.index]
-            if (t.index == 0 or t.policy == "through") and t.accepting()
+            if (t.index == 0 or t.policy == "through")
+            and (t.placement is None or t.placement.admits(key, nbytes))
+            and t.accepting()
         ]
         if not targets:
             return
@@ -542,11 +585,14 @@ class TieredHierarchy(BaseBackend):
     # ------------------------------------------------------------------ stores
     async def _put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
         top = self.tiers[0]
+        nbytes = _nbytes(value)
         lower = [
-            t for t in self.tiers[1:] if t.policy == "through" and t.admits(key) and t.accepting()
+            t
+            for t in self.tiers[1:]
+            if t.policy == "through" and t.admits(key, nbytes) and t.accepting()
         ]
         stored = False
-        if top.admits(key):
+        if top.admits(key, nbytes):
             stored = await top.put_now(key, value, donate and not lower)
         if lower:
             chunk = StagedChunk(value, None) if donate else await self._stage(value)
@@ -575,7 +621,11 @@ class TieredHierarchy(BaseBackend):
         back = self._make_write_back(write_back) if write_back is not None else None
         name = tier.name
 
+        placement = tier.placement
+
         def on_evict(key: CacheEngineKey, value: torch.Tensor) -> bool:
+            if placement is not None:
+                placement.removed(key)
             for listener in tuple(self._eviction_listeners):
                 try:
                     listener(name, key)
@@ -595,7 +645,7 @@ class TieredHierarchy(BaseBackend):
             if key in target.known or target.writer.queued(key):
                 target.stats.known_skips += 1
                 return False
-            if not target.admits(key) or not target.accepting():
+            if not target.admits(key, _nbytes(value)) or not target.accepting():
                 return False
             try:
                 running = asyncio.get_running_loop()
@@ -817,6 +867,8 @@ class TieredHierarchy(BaseBackend):
         handles: list[object | None] = [None] * n if lease_s is not None else []
         taken: list[tuple[int, float, object]] = []
         missing = list(range(n))
+        if self._chains is not None:
+            self._chains.learn(keys)
         fs = self._fast_stats
         for t in self.tiers:
             if not missing:
@@ -839,6 +891,8 @@ class TieredHierarchy(BaseBackend):
             if found is None or None in found:
                 self._unpin(taken)
                 return None
+            if t.placement is not None:
+                t.placement.looked_up(sub, found)
             fs.count_lookup(t.index, len(sub), found.count(True))
             still = []
             for j, (i, hit) in enumerate(zip(missing, found, strict=True)):
@@ -928,6 +982,7 @@ class TieredHierarchy(BaseBackend):
             or not top.started
             or top.health.consecutive_errors
             or top.cfg.admit_after > 1
+            or top.placement is not None
             or any(t.policy in ("through", "back") for t in self.tiers[1:])
         ):
             return None

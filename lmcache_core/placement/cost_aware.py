@@ -6,7 +6,11 @@ A resident chunk's value per byte is::
 
 * ``expected_hits`` is learned online. Every access adds a weight that grows by 2 every
   ``half_life`` accesses (so older accesses count exponentially less, with no per-key
-  decay work); a chunk's own history counts once it has been reused (``min_reuse``),
+  decay work). Two memories run side by side, a short one (recency: chats whose turns
+  come back soon, then never) and a long one (frequency: stationary popularity, as in
+  RAG); the policy values chunks with one of them and switches when the other has
+  predicted requests clearly better (see ``CostAwarePolicy._judge``). A chunk's
+  own history counts once it has been reused (``min_reuse``),
   and is blended with its prefix's: a chunk after a parent that has been followed by
   ``F`` distinct children is worth at least ``1/F`` of the parent's weight (a system
   prompt followed by unique questions gives its children little; a document's next
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections import OrderedDict
 from collections.abc import Hashable
 from collections.abc import Set as AbstractSet
@@ -46,10 +51,11 @@ _RESCALE_AT = 1e200
 class _History:
     """Learned state of one key (resident or remembered)."""
 
-    __slots__ = ("children", "count", "weight")
+    __slots__ = ("children", "count", "wlong", "wshort")
 
     def __init__(self) -> None:
-        self.weight = 0.0  # sum of growth weights at access times
+        self.wshort = 0.0  # sum of growth weights at access times (short memory)
+        self.wlong = 0.0  # the same with the long memory
         self.count = 0  # accesses
         self.children = 0  # distinct children seen after this key
 
@@ -59,11 +65,14 @@ class CostAwarePolicy:
 
     ``capacity_bytes``: the tier's size (admission only compares values when it is full).
     ``bandwidth``: bytes per second a hit loads from this tier; ``latency_s``: per load.
-    ``half_life``: accesses after which an access counts half, at the start (default: 2
-    accesses per chunk of capacity); with ``adapt`` it then moves between 1/8 and 8 times
-    that start, ARC-style: a miss on a key this policy recently evicted or refused after
-    one access shortens it (recency was under-valued), one on a key seen more often
-    lengthens it (frequency was under-valued). ``min_reuse``: accesses before a chunk's
+    ``half_life``: accesses after which an access counts half in the short memory
+    (default: ``short_factor`` = 0.25 accesses per chunk of capacity, at least 32);
+    the long memory's is ``long_factor`` (256) times longer. With ``adapt`` every
+    ``judge_every``-th access (16) ranks the requested key's history against 8 keys
+    sampled from the remembered ones under each memory; the difference of the two ranks
+    is a vote (decaying by 0.998 a vote), and the memory in use switches when the votes
+    for the other pass ``switch_at`` (8). The policy starts with the short memory.
+    ``min_reuse``: accesses before a chunk's
     own history counts (default 2: the access that brings a chunk in is no evidence it
     will be reused; until then only its prefix's share counts). ``history``: keys
     remembered beyond the resident ones (their weight and fan-out).
@@ -82,6 +91,10 @@ class CostAwarePolicy:
         chunk_bytes_hint: int = 0,
         adapt: bool = True,
         min_reuse: int = 2,
+        long_factor: float = 256.0,
+        short_factor: float = 0.25,
+        judge_every: int = 16,
+        switch_at: float = 8.0,
     ) -> None:
         if capacity_bytes < 0 or bandwidth <= 0:
             raise ValueError("capacity_bytes must be >= 0 and bandwidth > 0")
@@ -91,17 +104,26 @@ class CostAwarePolicy:
         self.latency_s = latency_s
         chunks = capacity_bytes // chunk_bytes_hint if chunk_bytes_hint > 0 else 0
         if half_life is None:
-            half_life = max(64.0, 2.0 * chunks)
+            half_life = max(32.0, short_factor * chunks)
         if half_life <= 0:
             raise ValueError(f"half_life must be > 0, got {half_life}")
         self.half_life = half_life
+        self.long_half_life = half_life * long_factor
         self.min_reuse = min_reuse
-        self._half_bounds = (half_life / 8.0, half_life * 8.0)
         self._adapt = adapt
-        self._step = math.exp(math.log(2.0) / half_life)
-        self._growth = 1.0
-        self._ghost: OrderedDict[Hashable, int] = OrderedDict()
-        self._ghost_cap = max(64, chunks)
+        self._step_s = math.exp(math.log(2.0) / half_life)
+        self._step_l = math.exp(math.log(2.0) / self.long_half_life)
+        self._growth_s = 1.0
+        self._growth_l = 1.0
+        self._growth = 1.0  # the growth of the memory in use
+        self.long_memory = False
+        self._vote = 0.0
+        self._judge_every = judge_every
+        self._switch_at = switch_at
+        self._tick = 0
+        self._rng = random.Random(0)
+        self._hist_list: list[Hashable] = []
+        self._hist_pos: dict[Hashable, int] = {}
         self._hist: OrderedDict[Hashable, _History] = OrderedDict()
         self._history_cap = history
         self._resident: dict[Hashable, ChunkInfo] = {}
@@ -116,13 +138,7 @@ class CostAwarePolicy:
     def expected_hits(self, key: Hashable, info: ChunkInfo) -> float:
         """Own decayed access weight, or the parent's share when that is larger (in
         units of the current access weight: 1.0 = one access just now)."""
-        h = self._hist.get(key)
-        own = h.weight if h is not None and h.count >= self.min_reuse else 0.0
-        if info.parent is not None:
-            ph = self._hist.get(info.parent)
-            if ph is not None and ph.children > 0:
-                own = max(own, ph.weight / ph.children)
-        return own / self._growth
+        return self._hits(self._hist.get(key), info, self.long_memory) / self._growth
 
     def value(self, key: Hashable, info: ChunkInfo) -> float:
         """Expected prefill seconds saved per byte, net of load time (decayed units)."""
@@ -133,16 +149,21 @@ class CostAwarePolicy:
 
     # ------------------------------------------------------------------ interface
     def record_access(self, key: Hashable, info: ChunkInfo, hit: bool) -> None:
-        self._growth *= self._step
-        if self._growth > _RESCALE_AT:
+        self._growth_s *= self._step_s
+        self._growth_l *= self._step_l
+        if self._growth_s > _RESCALE_AT:
             self._rescale()
-        if self._adapt and not hit and self._ghost:
-            count = self._ghost.pop(key, None)
-            if count is not None:
-                self._set_half_life(self.half_life * (0.95 if count <= 2 else 1.05))
+        self._growth = self._growth_l if self.long_memory else self._growth_s
         h = self._hist.get(key)
+        if self._adapt:
+            self._tick += 1
+            if self._tick >= self._judge_every:
+                self._tick = 0
+                self._judge(h, info)
         if h is None:
             h = self._hist[key] = _History()
+            self._hist_pos[key] = len(self._hist_list)
+            self._hist_list.append(key)
             if info.parent is not None:
                 ph = self._hist.get(info.parent)
                 if ph is not None:
@@ -151,7 +172,8 @@ class CostAwarePolicy:
                 self._forget_one()
         else:
             self._hist.move_to_end(key)
-        h.weight += self._growth
+        h.wshort += self._growth_s
+        h.wlong += self._growth_l
         h.count += 1
 
     def admit(self, key: Hashable, info: ChunkInfo) -> bool:
@@ -162,12 +184,8 @@ class CostAwarePolicy:
         victim = self.victim(frozenset({info.parent}) if info.parent is not None else frozenset())
         if victim is None:
             return False
-        if self.value(key, info) > self._rate[victim] * self.expected_hits(
-            victim, self._resident[victim]
-        ):
-            return True
-        self._remember_ghost(key)
-        return False
+        displaced = self._rate[victim] * self.expected_hits(victim, self._resident[victim])
+        return self.value(key, info) > displaced
 
     def inserted(self, key: Hashable, info: ChunkInfo) -> None:
         if key in self._resident:
@@ -185,7 +203,6 @@ class CostAwarePolicy:
             return
         self._used -= info.nbytes
         del self._rate[key]
-        self._remember_ghost(key)
         parent = info.parent
         if parent is not None and parent in self._res_children:
             n = self._res_children[parent] - 1
@@ -208,7 +225,7 @@ class CostAwarePolicy:
                 heapq.heappop(heap)  # gone, or not a leaf (pushed again when it is)
                 continue
             h = hist.get(key)
-            if h is not None and h.weight != entry[3]:
+            if h is not None and (h.wlong if self.long_memory else h.wshort) != entry[3]:
                 heapq.heappop(heap)  # accessed since it was pushed: value it again
                 self._push(key)
                 heap = self._heap  # a push may have rebuilt the heap
@@ -240,15 +257,52 @@ class CostAwarePolicy:
 
     def _score(self, key: Hashable) -> tuple[float, float]:
         """(value in growth units, which do not decay; the key's weight now)."""
-        info = self._resident[key]
         h = self._hist.get(key)
-        own = h.weight if h is not None else 0.0
-        hits = own if h is not None and h.count >= self.min_reuse else 0.0
+        lm = self.long_memory
+        own = (h.wlong if lm else h.wshort) if h is not None else 0.0
+        return self._rate[key] * self._hits(h, self._resident[key], lm), own
+
+    def _hits(self, h: _History | None, info: ChunkInfo, long_memory: bool) -> float:
+        """Expected hits in growth units of one memory: own weight once reused, or the
+        parent's weight over its fan-out when that is larger."""
+        hits = 0.0
+        if h is not None and h.count >= self.min_reuse:
+            hits = h.wlong if long_memory else h.wshort
         if info.parent is not None:
             ph = self._hist.get(info.parent)
             if ph is not None and ph.children > 0:
-                hits = max(hits, ph.weight / ph.children)
-        return self._rate[key] * hits, own
+                hits = max(hits, (ph.wlong if long_memory else ph.wshort) / ph.children)
+        return hits
+
+    def _judge(self, h: _History | None, info: ChunkInfo) -> None:
+        """Which memory predicts requests better? The key requested now (its history
+        before this access) is ranked against 8 keys sampled from all remembered ones
+        (not only the resident ones, which the memory in use chose) under each memory;
+        the memory that ranks requested keys higher earns votes (decaying), and the one
+        in use switches when the other leads clearly."""
+        res = self._hist_list
+        if h is None or len(res) < 16:
+            return
+        ks, kl = h.wshort, h.wlong
+        below_s = below_l = 0
+        pick = self._rng.randrange
+        hist = self._hist
+        n = len(res)
+        for _ in range(8):
+            rh = hist.get(res[pick(n)])
+            if rh is not None:
+                below_s += rh.wshort < ks
+                below_l += rh.wlong < kl
+        self._vote = 0.998 * self._vote + (below_l - below_s) / 8.0
+        if self._vote > self._switch_at and not self.long_memory:
+            self._switch(True)
+        elif self._vote < -self._switch_at and self.long_memory:
+            self._switch(False)
+
+    def _switch(self, long_memory: bool) -> None:
+        self.long_memory = long_memory
+        self._growth = self._growth_l if long_memory else self._growth_s
+        self._rebuild()
 
     def _push(self, key: Hashable) -> None:
         self._seq += 1
@@ -266,29 +320,21 @@ class CostAwarePolicy:
                 self._heap.append((v, self._seq, key, w))
         heapq.heapify(self._heap)
 
-    def _set_half_life(self, half_life: float) -> None:
-        lo, hi = self._half_bounds
-        self.half_life = min(hi, max(lo, half_life))
-        self._step = math.exp(math.log(2.0) / self.half_life)
-
-    def _remember_ghost(self, key: Hashable) -> None:
-        if not self._adapt:
-            return
-        h = self._hist.get(key)
-        self._ghost[key] = h.count if h is not None else 0
-        self._ghost.move_to_end(key)
-        if len(self._ghost) > self._ghost_cap:
-            self._ghost.popitem(last=False)
-
     def _rescale(self) -> None:
-        g = self._growth
+        gs, gl = self._growth_s, self._growth_l
         for h in self._hist.values():
-            h.weight /= g
-        self._growth = 1.0
+            h.wshort /= gs
+            h.wlong /= gl
+        self._growth_s = self._growth_l = self._growth = 1.0
         self._rebuild()
 
     def _forget_one(self) -> None:
         for key in self._hist:
             if key not in self._resident:
                 del self._hist[key]
+                i = self._hist_pos.pop(key)
+                last = self._hist_list.pop()
+                if i < len(self._hist_list):
+                    self._hist_list[i] = last
+                    self._hist_pos[last] = i
                 return

@@ -30,14 +30,23 @@ def run_grid(
     fractions: Sequence[float],
     policies: Sequence[str],
     base: SimConfig,
+    oracle: bool = False,
 ) -> list[Cell]:
-    """Simulate every policy on every trace at each capacity fraction of its working set."""
+    """Simulate every policy on every trace at each capacity fraction of its working set
+    (with ``oracle``, also :class:`~lmcache_core.placement.oracle.BeladyOracle`, which
+    reads the future: a reference, not a policy)."""
+    from .oracle import BeladyOracle
+
     cells = []
     for name, trace in traces.items():
         ws = working_set_bytes(trace, base.kv_bytes_per_token)
         for frac in fractions:
             cfg = replace(base, capacity_bytes=int(ws * frac))
             results = {p: simulate(trace, p, cfg) for p in policies}
+            if oracle:
+                results["oracle"] = simulate(
+                    trace, BeladyOracle(trace, cfg.kv_bytes_per_token), cfg
+                )
             cells.append(Cell(name, frac, ws, results))
     return cells
 

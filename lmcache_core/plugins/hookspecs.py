@@ -25,6 +25,7 @@ __all__ = [
     "hookspec",
     "lmcache_register_backends",
     "lmcache_register_commands",
+    "lmcache_register_policies",
 ]
 
 PROJECT_NAME = "lmcache_core"
@@ -41,6 +42,21 @@ def lmcache_register_backends(registry: BackendRegistry) -> None:
 
     Called once per registry, first among the hooks. Register classes lazily as
     ``"package.module:Class"`` strings so that listing plugins imports nothing heavy.
+    """
+
+
+@hookspec
+def lmcache_register_policies(registry: BackendRegistry) -> None:
+    """Register placement policies with ``registry.add_policy(name, factory)``.
+
+    Called once per registry, after ``lmcache_register_backends``, once per plugin in
+    load order. ``factory(context) -> policy`` gets a
+    :class:`~lmcache_core.placement.wiring.PolicyContext` (the tier's name, capacity,
+    chunk size, sharedness and its ``placement:`` options) and returns a fresh
+    :class:`~lmcache_core.placement.base.PlacementPolicy` for that tier; it may be given
+    as ``"package.module:attr"`` text, imported on first use. A configuration chooses one
+    with ``placement: {policy: NAME}``. A hook that raises is rolled back like a backend
+    hook.
     """
 
 

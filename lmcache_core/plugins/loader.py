@@ -9,8 +9,8 @@ its own ``try``:
 2. its distribution's ``Requires-Dist: lmcache-core ...`` against the running core;
 3. import, then its ``LMCACHE_HOOKSPEC_VERSION`` (optional) against ours;
 4. registration with pluggy and ``check_pending()`` (a misspelled hook fails here);
-5. its ``lmcache_register_backends`` hook; whatever it registered is rolled back if it
-   raises.
+5. its ``lmcache_register_backends`` and ``lmcache_register_policies`` hooks; whatever
+   it registered is rolled back if one raises.
 
 A plugin that fails any step is reported (name, version, error), logged as a warning and
 skipped; with ``LMCACHE_CORE_STRICT_PLUGINS=1`` it raises
@@ -53,7 +53,7 @@ ENTRY_POINT_GROUP = "lmcache_core"
 #: Plugin name of the built-in plugin (the core distribution's name).
 BUILTIN_PLUGIN = "lmcache-core"
 #: Hooks called by :func:`load_plugins`, in this order.
-LOAD_HOOKS = ("lmcache_register_backends",)
+LOAD_HOOKS = ("lmcache_register_backends", "lmcache_register_policies")
 #: Distribution names that say "I am an lmcache-core plugin" (canonical form).
 PLUGIN_PREFIXES = ("lmcache-backend-", "lmcache-codec-", "lmcache-policy-")
 

@@ -20,7 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DuplicateBackendError, PluginError, UnknownBackendError
+from ..errors import (
+    DuplicateBackendError,
+    DuplicatePolicyError,
+    PluginError,
+    UnknownBackendError,
+    UnknownPolicyError,
+)
 
 if TYPE_CHECKING:
     import pluggy
@@ -163,6 +169,8 @@ class BackendRegistry:
         self.plugins: list[PluginInfo] = []
         self.plugin_manager: pluggy.PluginManager | None = None
         self._lock = threading.RLock()
+        #: Placement policies: name -> (factory or "package.module:attr", provider).
+        self._policies: dict[str, tuple[Any, str]] = {}
 
     def add(
         self,
@@ -333,14 +341,67 @@ class BackendRegistry:
         tail = f" (and {more} more: lmcache-core plugins)" if more else ""
         return f"; installed plugin(s) that did not load ({which}): {notes}{tail}"
 
-    # -- used by the loader to undo what a failing plugin registered
-    def _snapshot(self) -> tuple[dict[str, BackendSpec], dict[str, str]]:
+    # -- placement policies (the lmcache_register_policies hook)
+    def add_policy(self, name: str, factory: Any, *, override: bool = False) -> None:
+        """Register placement policy ``name``: ``factory(context) -> policy`` (see
+        :class:`~lmcache_core.placement.wiring.PolicyContext`), or its
+        ``"package.module:attr"`` text, imported on first use. A name registered twice
+        raises unless ``override=True``."""
+        if not isinstance(name, str) or not name:
+            raise PluginError(f"a policy name must be a non-empty text, got {name!r}")
+        if not (callable(factory) or (isinstance(factory, str) and ":" in factory)):
+            raise PluginError(
+                f"policy {name!r}: the factory must be callable or 'package.module:attr'"
+            )
         with self._lock:
-            return dict(self._specs), dict(self._schemes)
+            if name in self._policies and not override:
+                raise DuplicatePolicyError(
+                    f"placement policy {name!r} is already registered by "
+                    f"{self._policies[name][1]}; pass override=True to replace it"
+                )
+            self._policies[name] = (factory, self.current_provider)
 
-    def _restore(self, snap: tuple[dict[str, BackendSpec], dict[str, str]]) -> None:
+    def policy_names(self) -> list[str]:
+        """Registered placement policy names, sorted."""
+        with self._lock:
+            return sorted(self._policies)
+
+    def policy_factory(self, name: str) -> Any:
+        """The factory of placement policy ``name`` (imported now if registered as text).
+        Raises :class:`UnknownPolicyError` naming the registered ones."""
+        with self._lock:
+            entry = self._policies.get(name)
+        if entry is None:
+            known = ", ".join(self.policy_names()) or "none"
+            hint = difflib.get_close_matches(str(name), self.policy_names(), n=1)
+            extra = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise UnknownPolicyError(
+                f"unknown placement policy {name!r} (registered: {known}){extra}; a plugin "
+                "adds one with the lmcache_register_policies hook"
+            )
+        factory = entry[0]
+        if isinstance(factory, str):
+            module, _, attr = factory.partition(":")
+            try:
+                obj: Any = importlib.import_module(module)
+                for part in attr.split("."):
+                    obj = getattr(obj, part)
+            except Exception as exc:
+                raise PluginError(
+                    f"placement policy {name!r}: cannot import {factory!r}: {exc}"
+                ) from exc
+            factory = obj
+        return factory
+
+    # -- used by the loader to undo what a failing plugin registered
+    def _snapshot(self) -> tuple[dict[str, BackendSpec], dict[str, str], dict[str, Any]]:
+        with self._lock:
+            return dict(self._specs), dict(self._schemes), dict(self._policies)
+
+    def _restore(self, snap: tuple[dict[str, BackendSpec], dict[str, str], dict[str, Any]]) -> None:
         with self._lock:
             self._specs, self._schemes = dict(snap[0]), dict(snap[1])
+            self._policies = dict(snap[2])
 
 
 def _why_not_loaded(info: PluginInfo) -> str:

@@ -232,13 +232,12 @@ def parse_settings(
 def options_markdown() -> str:
     """The Markdown table of :class:`ConnectorOptions` (embedded in ``docs/vllm.md``)."""
     from ...config.options import describe_options
+    from ...tables import markdown_table
 
-    lines = ["| Key | Type | Default | Description |", "|---|---|---|---|"]
+    rows = []
     for o in describe_options(ConnectorOptions):
         default = o["default_text"]
         if isinstance(o["default"], bool):
             default = str(o["default"]).lower()
-        cell = f"`{default}`" if default else ""
-        doc = str(o["doc"]).replace("|", "\\|")
-        lines.append(f"| `{o['name']}` | {o['type']} | {cell} | {doc} |")
-    return "\n".join(lines) + "\n"
+        rows.append([f"`{o['name']}`", o["type"], f"`{default}`" if default else "", o["doc"]])
+    return markdown_table(rows, ["Key", "Type", "Default", "Description"])

@@ -1,0 +1,184 @@
+"""The placement policy inside a real hierarchy (cpu backend): admission, chain-aware
+victims, the configuration's errors and a plugin's policy through the hook."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent / "plugin_fixtures"))
+
+from fakedist import fake_entry_point
+
+from lmcache_core import TieredHierarchy
+from lmcache_core.backends.host_buffers import ENTRY_OVERHEAD
+from lmcache_core.config import load_config
+from lmcache_core.errors import ConfigError
+from lmcache_core.plugins import BackendRegistry, PluginSettings, load_plugins
+from lmcache_core.testing import make_key, random_tensor, run_async
+
+CHUNK = 64 * 1024
+
+
+def chunk(i: int) -> torch.Tensor:
+    return random_tensor((CHUNK,), torch.uint8, seed=i)
+
+
+def config(chunks: int, placement: Any = None) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "tiers": [
+            {
+                "name": "cpu",
+                "backend": "cpu",
+                "options": {"max_bytes": chunks * (CHUNK + ENTRY_OVERHEAD)},
+            }
+        ]
+    }
+    if placement is not None:
+        cfg["placement"] = placement
+    return cfg
+
+
+async def resident(h: TieredHierarchy, keys: list[Any], tier: str = "cpu") -> list[bool]:
+    return [await h.tier(tier).backend.contains(k) for k in keys]
+
+
+def test_cost_policy_evicts_a_chain_leaf_where_lru_evicts_its_head() -> None:
+    a, b, c, d = (make_key(x) for x in "abcd")
+
+    async def run(placement: Any) -> list[bool]:
+        async with TieredHierarchy.from_config(config(3, placement)) as h:
+            await h.lookup_prefix([a, b, c])  # learns the chain a -> b -> c
+            for i, k in enumerate((a, b, c)):
+                assert await h.put(k, chunk(i))
+            await h.lookup_prefix([d])
+            await h.lookup_prefix([d])  # d has been asked for twice: worth a place
+            assert await h.put(d, chunk(3))
+            return await resident(h, [a, b, c, d])
+
+    # LRU drops the chain's head: b and c stay but can never be served (a lookup stops at a)
+    assert run_async(run(None)) == [False, True, True, True]
+    assert run_async(run("lru")) == [False, True, True, True]
+    # the cost-aware policy drops the chain's leaf: a -> b still serves two chunks
+    assert run_async(run("cost")) == [True, True, False, True]
+
+
+def test_cost_policy_refuses_a_chunk_whose_parent_is_not_in_the_tier() -> None:
+    a, b = make_key("pa"), make_key("pb")
+
+    async def body() -> None:
+        async with TieredHierarchy.from_config(config(8, {"policy": "cost"})) as h:
+            await h.lookup_prefix([a, b])
+            assert not await h.put(b, chunk(1))  # a is not stored: b could never be served
+            assert h.tier("cpu").stats.not_admitted == 1
+            assert await h.put(a, chunk(0)) and await h.put(b, chunk(1))
+            assert (await h.lookup_prefix([a, b])).num_hit == 2
+
+    run_async(body())
+
+
+def test_an_unknown_policy_is_refused_naming_the_registered_ones() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(config(2, {"policy": "cots"}))
+    assert info.value.path == "placement.policy"
+    assert info.value.reason.startswith(
+        "unknown placement policy 'cots' (registered: arc, cost, lru, s3fifo); did you mean 'cost'?"
+    )
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) for the arc policy: depth"):
+        load_config(config(2, {"policy": "arc", "tiers": {"cpu": {"depth": 3}}}))
+
+
+def test_a_plugin_policy_registered_through_the_hook_runs_the_tier() -> None:
+    reg = BackendRegistry()
+    load_plugins(
+        reg,
+        entry_points=[
+            fake_entry_point("lmcfix-policy", "lmcfix_policy"),
+            fake_entry_point("lmcfix-policy-raises", "lmcfix_policy_raises"),
+        ],
+        settings=PluginSettings(strict=False),
+    )
+    assert reg.policy_names() == ["arc", "cost", "lru", "newest-first", "s3fifo"]
+    (raised,) = [p for p in reg.plugins if p.name == "lmcfix-policy-raises"]
+    assert raised.status == "failed" and "policy hook broke" in raised.error
+    assert "fixture-rolled-back" not in reg.names()  # its backend was rolled back too
+    keys = [make_key(f"n{i}") for i in range(3)]
+
+    async def body() -> None:
+        cfg = load_config(config(2, "newest-first"), registry=reg)
+        async with TieredHierarchy(cfg) as h:
+            for i, k in enumerate(keys):
+                assert await h.put(k, chunk(i))
+            assert await resident(h, keys) == [True, False, True]  # the newest went
+
+    run_async(body())
+
+
+def test_write_through_admits_a_chain_whose_parent_is_still_being_written() -> None:
+    """The lower tier's admission of chunk i+1 is asked while chunk i's background store
+    may still be queued: the admitted parent counts."""
+    keys = [make_key(f"w{i}") for i in range(4)]
+
+    async def body() -> None:
+        cfg = config(16, {"policy": "cost"})
+        # a second in-memory tier written through (any tier below the top works the same)
+        cfg["tiers"].append({"name": "disk", "backend": "cpu", "options": {"max_bytes": 1 << 24}})
+        async with TieredHierarchy.from_config(cfg) as h:
+            await h.lookup_prefix(keys)
+            assert await h.batched_put(keys, [chunk(i) for i in range(4)]) == [True] * 4
+            await h.flush()
+            assert await resident(h, keys, "disk") == [True] * 4
+            assert h.tier("disk").stats.not_admitted == 0
+
+    run_async(body())
+
+
+def test_sync_callers_lookups_on_the_thread_safe_path_reach_the_policy() -> None:
+    """SyncBackend answers lookups from the caller's thread (try_lookup_prefix_threadsafe):
+    the policy learns the chain and the accesses there too, and stores take the loop."""
+    from lmcache_core import SyncBackend
+
+    a, b, c, d = (make_key(f"s{x}") for x in "abcd")
+    with SyncBackend(TieredHierarchy.from_config(config(3, "cost"))) as sb:
+        h = sb.backend
+        assert isinstance(h, TieredHierarchy)
+        assert h.try_lookup_prefix_threadsafe([a, b, c]) is not None  # the fast path answered
+        assert sb.batched_put([a, b, c], [chunk(0), chunk(1), chunk(2)]) == [True] * 3
+        assert sb.lookup_prefix([d]).num_hit == 0
+        assert sb.lookup_prefix([d]).num_hit == 0
+        assert sb.put(d, chunk(3))
+        assert sb.lookup_prefix([a, b, c]).num_hit == 2  # the leaf c made room, not the head a
+
+
+def test_cpu_backend_evicts_the_selectors_choice_and_survives_a_failing_selector() -> None:
+    from lmcache_core.backends.cpu import CPUBackend
+
+    keys = [make_key(f"v{i}") for i in range(4)]
+
+    async def body() -> None:
+        async with CPUBackend({"max_bytes": 3 * (CHUNK + ENTRY_OVERHEAD)}) as be:
+            offered: list[bool] = []
+
+            def pick_newest(candidates: Any, nbytes: int) -> list[Any]:
+                offered.append(keys[0] in candidates and make_key("zz") not in candidates)
+                return [keys[2]]
+
+            be.set_victim_selector(pick_newest)
+            for i, k in enumerate(keys[:3]):
+                assert await be.put(k, chunk(i))
+            assert await be.put(keys[3], chunk(3))
+            assert [await be.contains(k) for k in keys] == [True, True, False, True]
+            assert offered == [True]
+
+            def broken(candidates: Any, nbytes: int) -> list[Any]:
+                raise RuntimeError("a policy bug must not break eviction")
+
+            be.set_victim_selector(broken)
+            assert await be.put(keys[2], chunk(2))  # falls back to LRU: keys[0] goes
+            assert [await be.contains(k) for k in keys] == [False, True, True, True]
+
+    run_async(body())
