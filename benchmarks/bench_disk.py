@@ -1,25 +1,28 @@
 """disk backend: batched put and cold get_into against a raw O_DIRECT baseline (same run).
 
-For 4 MiB and 32 MiB chunks (``--sizes``), ``--total-mib`` of data per run:
+For 4 MiB and 32 MiB chunks (``--sizes``), ``--total-mib`` of data per contender:
 
-* baseline put: the same number of files, each created, written from a reused aligned
-  buffer with ``O_DIRECT`` (16 requests in flight), fsynced and renamed;
+* raw put (the baseline): the same number of files of the objects' size (4 KiB header +
+  data), from ordinary page-aligned memory, each preallocated, written with ``O_DIRECT``
+  ``pwritev`` requests of at most 4 MiB with 1, 4 and 16 requests in flight
+  (``--inflight``; each measured, the best median is the baseline, the last count is
+  measured twice for the A/A spread), fsynced, renamed into place, directory fsynced;
 * backend put: ``batched_put`` of batches of ``--batch`` chunks, all batches submitted at
-  once (the backend's pool keeps ``concurrency`` = 16 operations in flight); every object
+  once, from plain ``torch.empty`` values and from ``aligned_empty`` values; every object
   is checksummed, reserved in the shared index, fdatasync'ed, renamed, recorded and its
   directory fsynced;
-* page cache dropped (``echo 3 > /proc/sys/vm/drop_caches``; ``POSIX_FADV_DONTNEED`` per
-  file when that is not permitted);
-* baseline get: every file read cold with ``O_DIRECT`` into reused aligned buffers (16 in
-  flight);
-* backend get: ``batched_get_into`` into caller buffers, cold, once into 4 KiB-aligned
-  tensors (``aligned_empty``: read straight into them) and once into plain ``torch.empty``
-  tensors (64-byte aligned: read into a staging buffer, then copied). Every read is
-  verified (size, header, identity, checksum).
+* before every cold read the files it reads are dropped from the page cache
+  (``POSIX_FADV_DONTNEED``) and checked with ``mincore`` (none of their pages resident);
+* raw get: ``O_DIRECT`` ``preadv`` requests of at most 4 MiB into aligned buffers, same
+  in-flight counts;
+* backend get: ``batched_get_into`` into 4 KiB-aligned tensors (``aligned_empty``: read
+  straight into them) and into plain ``torch.empty`` tensors (64-byte aligned: read
+  through staging slots, several pieces in flight per object). Every read is verified
+  (size, header, identity, checksum) and compared with what was written.
 
-Contenders alternate order between repeats; medians are printed with ratios to the
-baseline. ``--engines`` also measures aiofiles against the thread pool (the choice of the
-backend's I/O engine).
+Contenders rotate order between repeats; ratios are raw time / backend time (> 1: the
+backend is faster): the ratio of medians, and the median of per-repeat pairs. ``--engines``
+also measures aiofiles against the thread pool (the choice of the backend's I/O engine).
 
 Run: .venv/bin/python benchmarks/bench_disk.py [--dir DIR] [--sizes 4,32] [--repeats 5]
 """
@@ -29,20 +32,35 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import mmap
 import os
 import shutil
 import statistics
+import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 from lmcache_backend_disk import DiskBackend, aligned_empty
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _storage import (
+    QDS,
+    aligned_bytes,
+    backend_get,
+    backend_put,
+    files_under,
+    make_cold,
+    raw_read,
+    raw_write,
+    remove_all,
+)
+from _util import aa_spread
+
 from lmcache_core import CacheEngineKey, Namespace
+from lmcache_core.backend import BaseBackend
 
 MiB = 1 << 20
 HEADER = 4096  # the backend's objects carry a 4 KiB header; the baseline writes as much
@@ -50,44 +68,10 @@ O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
 # --------------------------------------------------------------------------- helpers
-def drop_caches(paths: list[str]) -> str:
-    """Drop the page cache (all of it when permitted, else these files')."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return "drop_caches"
-    except OSError:
-        for top in paths:
-            for dirpath, _dirs, files in os.walk(top):
-                for name in files:
-                    try:
-                        fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-                    except OSError:
-                        continue
-                    try:
-                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                    finally:
-                        os.close(fd)
-        return "fadvise"
-
-
-class _ThreadBuffers:
-    """One reused page-aligned buffer per thread."""
-
-    def __init__(self, nbytes: int) -> None:
-        self.nbytes = nbytes
-        self._local = threading.local()
-        self._all: list[mmap.mmap] = []
-
-    def get(self) -> memoryview:
-        buf = getattr(self._local, "buf", None)
-        if buf is None:
-            m = mmap.mmap(-1, self.nbytes)
-            m.write(os.urandom(min(self.nbytes, 1 << 16)) * (self.nbytes // (1 << 16) or 1))
-            self._all.append(m)
-            buf = self._local.buf = memoryview(m)
-        return buf
+def drop_caches(tops: list[str]) -> None:
+    """Drop every file below these directories from the page cache, checked with
+    ``mincore`` (raises if any page stays resident)."""
+    make_cold([f for top in tops for f in files_under(top)])
 
 
 def _timed(fn: Callable[[], Any], cpu: list[float] | None = None) -> float:
@@ -98,62 +82,6 @@ def _timed(fn: Callable[[], Any], cpu: list[float] | None = None) -> float:
     if cpu is not None:
         cpu.append(time.process_time() - c0)
     return wall
-
-
-# --------------------------------------------------------------------------- baseline
-def baseline_put(
-    directory: str, n: int, nbytes: int, pool: concurrent.futures.Executor, bufs: _ThreadBuffers
-) -> None:
-    os.makedirs(directory, exist_ok=True)
-
-    def one(i: int) -> None:
-        buf = bufs.get()
-        tmp, final = os.path.join(directory, f".f{i}.tmp"), os.path.join(directory, f"f{i}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_DIRECT, 0o600)
-        try:
-            os.pwrite(fd, buf[: nbytes + HEADER], 0)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, final)
-
-    list(pool.map(one, range(n)))
-
-
-def baseline_get(
-    directory: str, n: int, nbytes: int, pool: concurrent.futures.Executor, bufs: _ThreadBuffers
-) -> None:
-    def one(i: int) -> None:
-        buf = bufs.get()
-        fd = os.open(os.path.join(directory, f"f{i}"), os.O_RDONLY | O_DIRECT)
-        try:
-            got = os.preadv(fd, [buf[: nbytes + HEADER]], 0)
-        finally:
-            os.close(fd)
-        assert got == nbytes + HEADER
-
-    list(pool.map(one, range(n)))
-
-
-# --------------------------------------------------------------------------- backend
-async def backend_put(
-    b: DiskBackend, keys: list[CacheEngineKey], values: list[torch.Tensor], batch: int
-) -> None:
-    groups = [(keys[i : i + batch], values[i : i + batch]) for i in range(0, len(keys), batch)]
-    results = await asyncio.gather(*(b.batched_put(k, v) for k, v in groups))
-    assert all(all(r) for r in results), "a put was refused"
-
-
-async def backend_get(
-    b: DiskBackend, keys: list[CacheEngineKey], outs: list[torch.Tensor], batch: int
-) -> None:
-    groups = [(keys[i : i + batch], outs[i : i + batch]) for i in range(0, len(keys), batch)]
-    results = await asyncio.gather(*(b.batched_get_into(k, o) for k, o in groups))
-    assert all(all(r) for r in results), "a get missed"
-
-
-async def _remove_all(b: DiskBackend, keys: list[CacheEngineKey]) -> None:
-    await asyncio.gather(*(b.remove(k) for k in keys))
 
 
 # --------------------------------------------------------------------------- one size
@@ -174,98 +102,140 @@ class _Size:
         self.outs_plain = [torch.empty(self.nbytes, dtype=torch.uint8) for _ in range(self.n)]
         for o in (*self.outs_aligned, *self.outs_plain):
             o.fill_(0)  # fault the pages in: reused caller buffers, as in steady state
-        self.pool = concurrent.futures.ThreadPoolExecutor(args.concurrency)
-        self.bufs = _ThreadBuffers(self.nbytes + HEADER)
-        self.samples: dict[str, list[float]] = {
-            k: []
-            for k in ("put_base", "put_disk", "put_aligned", "get_base", "get_aligned", "get_plain")
-        }
-        self.cpu: dict[str, list[float]] = {k: [] for k in self.samples}
-        self.cold_by = ""
+        # the raw baseline moves as many bytes per file as an object has (header + data)
+        self.raw_src = [aligned_bytes(self.nbytes + HEADER) for _ in range(self.n)]
+        for buf, v in zip(self.raw_src, self.values, strict=True):
+            buf[HEADER:] = v.numpy().tobytes()
+        self.raw_dst = [aligned_bytes(self.nbytes + HEADER) for _ in range(self.n)]
+        #: raw variants: requests in flight; the last one is measured twice (its A/A pair)
+        self.qds = [int(q) for q in args.inflight.split(",")]
+        self.raw = [f"qd{q}" for q in self.qds] + [f"qd{self.qds[-1]} again"]
+        names = [f"put raw {v}" for v in self.raw] + ["put disk", "put aligned"]
+        names += [f"get raw {v}" for v in self.raw] + ["get aligned", "get plain"]
+        self.samples: dict[str, list[float]] = {k: [] for k in names}
+        self.cpu: dict[str, list[float]] = {k: [] for k in names}
         self.work = tempfile.mkdtemp(prefix="bench-disk-", dir=args.dir)
-        self.base_dir = os.path.join(self.work, "raw")
-        opts: dict[str, Any] = {"path": os.path.join(self.work, "tier"),
-                                "max_bytes": 4 * self.n * (self.nbytes + HEADER),
-                                "io_nice": args.io_nice}  # fmt: skip
-        if args.disk_concurrency:
-            opts["concurrency"] = args.disk_concurrency
-        self.backend = DiskBackend(opts, namespace=Namespace(model_name="bench-disk"))
+        self.tier_dir = os.path.join(self.work, "tier")
+        self.backend = self.open_backend(
+            {
+                "path": self.tier_dir,
+                "max_bytes": 4 * self.n * (self.nbytes + HEADER),
+                "io_nice": args.io_nice,
+            }
+        )
         self.loop = asyncio.new_event_loop()
         self.loop.run_until_complete(self.backend.start())
-        if not self.backend.direct_io and not args.allow_buffered:
-            raise SystemExit(f"{self.work} refuses O_DIRECT (--allow-buffered to run anyway)")
+        if not self.backend.stats().get("direct_io"):
+            raise SystemExit(f"{self.work} refuses O_DIRECT: not the path this measures")
+
+    def open_backend(self, opts: dict[str, Any]) -> BaseBackend:
+        """The tier measured (the disk tier; bench_gds measures its own)."""
+        if self.args.disk_concurrency:
+            opts["concurrency"] = self.args.disk_concurrency
+        return DiskBackend(opts, namespace=Namespace(model_name="bench-disk"))
+
+    def describe(self) -> str:
+        """The tier's settings, for the report."""
+        return f"disk concurrency={self.backend.opts.concurrency}"
 
     def close(self) -> None:
         self.loop.run_until_complete(self.backend.close())
         self.loop.close()
-        self.pool.shutdown()
         shutil.rmtree(self.work, ignore_errors=True)
 
+    def _qd(self, variant: str) -> int:
+        return int(variant.split()[0][2:])
+
     def repeat(self, r: int) -> None:
-        """One round: three puts, then three cold reads (orders rotate between rounds)."""
+        """One round: every put, then every cold read (orders rotate between rounds)."""
         args, b, loop = self.args, self.backend, self.loop
         keys = [
             CacheEngineKey("bench-disk", 1, 0, (r << 32) + i + 1, "uint8") for i in range(self.n)
         ]
         keys2 = [CacheEngineKey("bench-disk", 1, 0, (r << 32) + (1 << 31) + i, "uint8")
                  for i in range(self.n)]  # fmt: skip
+        names = [f"f{i}" for i in range(self.n)]
+        raw_paths: dict[str, list[str]] = {}
+
+        def put_raw(v: str) -> None:
+            d = os.path.join(self.work, f"raw-{v.replace(' ', '-')}")
+            raw_paths[v] = raw_write(d, names, self.raw_src, self._qd(v), publish=True)
+
         steps: list[tuple[str, Callable[[], Any]]] = [
-            ("put_base", lambda: baseline_put(self.base_dir, self.n, self.nbytes, self.pool,
-                                              self.bufs)),
-            ("put_disk", lambda: loop.run_until_complete(
+            (f"put raw {v}", lambda v=v: put_raw(v)) for v in self.raw
+        ]
+        steps += [
+            ("put disk", lambda: loop.run_until_complete(
                 backend_put(b, keys, self.values, args.batch))),
-            ("put_aligned", lambda: loop.run_until_complete(
+            ("put aligned", lambda: loop.run_until_complete(
                 backend_put(b, keys2, self.values_aligned, args.batch))),
         ]  # fmt: skip
-        gets: list[tuple[str, Callable[[], Any]]] = [
-            ("get_base", lambda: baseline_get(self.base_dir, self.n, self.nbytes, self.pool,
-                                              self.bufs)),
-            ("get_aligned", lambda: loop.run_until_complete(
-                backend_get(b, keys, self.outs_aligned, args.batch))),
-            ("get_plain", lambda: loop.run_until_complete(
-                backend_get(b, keys, self.outs_plain, args.batch))),
+        gets: list[tuple[str, Callable[[], Any], Callable[[], list[str]]]] = [
+            (
+                f"get raw {v}",
+                lambda v=v: raw_read(raw_paths[v], self.raw_dst, self._qd(v)),
+                lambda v=v: raw_paths[v],
+            )
+            for v in self.raw
+        ]
+        objects = lambda: files_under(self.tier_dir, self.nbytes)  # noqa: E731
+        gets += [
+            ("get aligned", lambda: loop.run_until_complete(
+                backend_get(b, keys, self.outs_aligned, args.batch)), objects),
+            ("get plain", lambda: loop.run_until_complete(
+                backend_get(b, keys, self.outs_plain, args.batch)), objects),
         ]  # fmt: skip
-        steps = steps[r % 3 :] + steps[: r % 3]
-        gets = gets[r % 3 :] + gets[: r % 3]
-        for name, fn in steps:
+        k = r % len(steps)
+        for name, fn in steps[k:] + steps[:k]:
             os.sync()
             self.samples[name].append(_timed(fn, self.cpu[name]))
-        for name, fn in gets:
-            self.cold_by = drop_caches([self.work])
+        k = r % len(gets)
+        for name, fn, files in gets[k:] + gets[:k]:
+            make_cold(files())
             self.samples[name].append(_timed(fn, self.cpu[name]))
         for i in (0, self.n - 1):  # what was read back is what was written
             assert torch.equal(self.outs_plain[i], self.values[i])
             assert torch.equal(self.outs_aligned[i], self.values[i])
-        loop.run_until_complete(_remove_all(b, keys + keys2))
-        shutil.rmtree(self.base_dir, ignore_errors=True)
+            assert bytes(self.raw_dst[i]) == bytes(self.raw_src[i])
+            self.outs_plain[i].fill_(0)
+            self.outs_aligned[i].fill_(0)
+        loop.run_until_complete(remove_all(b, keys + keys2))
+        for v in self.raw:
+            shutil.rmtree(os.path.join(self.work, f"raw-{v.replace(' ', '-')}"), True)
 
     def report(self) -> dict[str, float]:
         total = self.n * self.nbytes
-        g = {k: total / statistics.median(v) / 1e9 for k, v in self.samples.items()}
         s = self.samples
-        # ratios of the pairs measured back to back: robust to slow phases of the machine
-        pr = {
-            k: statistics.median(b / d for b, d in zip(s[base], s[k], strict=True))
-            for k, base in (("put_disk", "put_base"), ("put_aligned", "put_base"),
-                            ("get_aligned", "get_base"), ("get_plain", "get_base"))
-        }  # fmt: skip
-        print(f"\n{self.nbytes // MiB} MiB chunks x {self.n}, median of {self.args.repeats}, "
-              f"cold reads by {self.cold_by}, direct_io={self.backend.direct_io}, "
-              f"batch={self.args.batch}, io_nice={self.args.io_nice}, disk concurrency="
-              f"{self.backend.opts.concurrency}, baseline {self.args.concurrency} in flight")  # fmt: skip
-        print(f"  put  baseline {g['put_base']:5.2f} GB/s | disk, plain values "
-              f"{g['put_disk']:5.2f} GB/s = {g['put_disk'] / g['put_base']:.2f}x (paired "
-              f"{pr['put_disk']:.2f}x) | disk, aligned values {g['put_aligned']:5.2f} GB/s = "
-              f"{g['put_aligned'] / g['put_base']:.2f}x (paired {pr['put_aligned']:.2f}x)")  # fmt: skip
-        print(f"  get  baseline {g['get_base']:5.2f} GB/s | disk, aligned out "
-              f"{g['get_aligned']:5.2f} GB/s = {g['get_aligned'] / g['get_base']:.2f}x "
-              f"(paired {pr['get_aligned']:.2f}x) | disk, plain out {g['get_plain']:5.2f} GB/s "
-              f"= {g['get_plain'] / g['get_base']:.2f}x (paired {pr['get_plain']:.2f}x)")  # fmt: skip
+        med = {k: statistics.median(v) for k, v in s.items()}
+        g = {k: total / t / 1e9 for k, t in med.items()}
+        print(f"\n{self.nbytes // MiB} MiB chunks x {self.n}, {self.args.repeats} repeats, "
+              f"cold reads by fadvise + mincore check, batch={self.args.batch}, "
+              f"io_nice={self.args.io_nice}, {self.describe()}, "
+              f"raw baseline: best of {self.qds} in flight (4 MiB requests)")  # fmt: skip
+        out: dict[str, float] = {}
+        for op, ours in (
+            ("put", ("put disk", "put aligned")),
+            ("get", ("get aligned", "get plain")),
+        ):
+            best = min(self.raw[:-1], key=lambda v: med[f"{op} raw {v}"])
+            base = f"{op} raw {best}"
+            last = self.raw[-2]
+            aa = aa_spread(s[f"{op} raw {last}"], s[f"{op} raw {self.raw[-1]}"])
+            raws = ", ".join(f"{v} {g[f'{op} raw {v}']:.2f}" for v in self.raw)
+            print(f"  {op}  raw GB/s: {raws} | best {best} | A/A {last} twice {aa:.2f}")
+            for name in ours:
+                pairs = [x / y for x, y in zip(s[base], s[name], strict=True)]
+                ratio = med[base] / med[name]
+                print(f"    {name:12s} {g[name]:5.2f} GB/s = {ratio:.2f}x raw (paired "
+                      f"{statistics.median(pairs):.2f}x, repeats {min(pairs):.2f}-"
+                      f"{max(pairs):.2f})")  # fmt: skip
+                out[f"ratio {name}"] = ratio
+            out[f"aa {op}"] = aa
         gib = total / 2**30
         cpu = {k: statistics.median(v) / gib for k, v in self.cpu.items()}
         print("  CPU seconds per GiB (all threads): " + ", ".join(
             f"{k} {v:.2f}" for k, v in cpu.items()))  # fmt: skip
-        return {**g, **{f"ratio_{k}": v for k, v in pr.items()}}
+        return out
 
 
 def bench_size(args: argparse.Namespace, mib: int) -> dict[str, float]:
@@ -376,7 +346,11 @@ def main() -> None:
     ap.add_argument("--total-mib", type=int, default=1024, help="data per run (default 1024)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batch", type=int, default=16, help="chunks per batched call")
-    ap.add_argument("--concurrency", type=int, default=16, help="baseline requests in flight")
+    ap.add_argument("--inflight", default=",".join(map(str, QDS)),
+                    help="raw baseline requests in flight, each measured; the best is the "
+                    "baseline, the last is measured twice for the A/A spread")  # fmt: skip
+    ap.add_argument("--concurrency", type=int, default=16,
+                    help="requests in flight of --engines")  # fmt: skip
     ap.add_argument(
         "--disk-concurrency",
         type=int,
@@ -384,7 +358,6 @@ def main() -> None:
         help="the backend's concurrency (default: its own)",
     )
     ap.add_argument("--engines", action="store_true", help="also compare aiofiles / threads")
-    ap.add_argument("--allow-buffered", action="store_true")
     ap.add_argument(
         "--io-nice",
         type=int,

@@ -41,11 +41,7 @@ and their median.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import ctypes
-import ctypes.util
 import json
-import mmap
 import os
 import shutil
 import statistics
@@ -62,6 +58,17 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _storage import (  # noqa: F401 - raw_write/resident_pages: used by the tests
+    QDS,
+    RAW_REQUEST,
+    aligned_bytes,
+    files_under,
+    fsync_dir,
+    make_cold,
+    raw_read,
+    raw_write,
+    resident_pages,
+)
 from _util import aa_spread, interleaved_samples
 
 MiB = 1 << 20
@@ -73,7 +80,6 @@ BF16 = torch.bfloat16
 SHAPES = {4: (2, 8, 256, 512), 32: (2, 8, 256, 4096)}
 #: chunks per disk operation, per size (128 MiB and 256 MiB per operation).
 CHUNKS = {4: 32, 32: 8}
-QDS = (1, 4, 16)
 #: workload groups ``--parts`` selects from.
 PARTS = ("token", "cpu", "lookups", "disk")
 
@@ -198,147 +204,6 @@ def render(summary: Sequence[dict[str, Any]]) -> str:
             f"| {r['row']} | {_fmt(r['ours'], r['unit'])} | {others} | {ratios} | {r['aa']:.2f} |"
         )
     return "\n".join(lines)
-
-
-# =========================================================================== page cache
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_long,
-]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-_MAP_FAILED = ctypes.c_void_p(-1).value
-
-
-def resident_pages(path: str) -> int:
-    """How many of the file's pages are in the page cache (``mincore``)."""
-    size = os.path.getsize(path)
-    if size == 0:
-        return 0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr is None or addr == _MAP_FAILED:
-            raise OSError(ctypes.get_errno(), f"mmap of {path} failed")
-        try:
-            pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
-            vec = (ctypes.c_ubyte * pages)()
-            if _libc.mincore(addr, size, vec) != 0:
-                raise OSError(ctypes.get_errno(), f"mincore of {path} failed")
-            return sum(v & 1 for v in vec)
-        finally:
-            _libc.munmap(addr, size)
-    finally:
-        os.close(fd)
-
-
-def make_cold(paths: Sequence[str], attempts: int = 5) -> None:
-    """Drop ``paths`` from the page cache and check with ``mincore`` that none of their
-    pages is resident; raises if the kernel keeps any (dirty pages are synced first)."""
-    left: list[str] = list(paths)
-    for _ in range(attempts):
-        for p in left:
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-        left = [p for p in left if resident_pages(p)]
-        if not left:
-            return
-        time.sleep(0.01)
-    raise RuntimeError(f"{len(left)} files still in the page cache, e.g. {left[0]}")
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-# =========================================================================== raw baseline
-def aligned_bytes(nbytes: int) -> memoryview:
-    """A page-aligned buffer (``O_DIRECT`` needs aligned memory) of the same kind as the
-    contenders' ``aligned`` buffers: ``aligned_empty`` (ordinary process memory), not an
-    ``mmap(-1)`` (``MAP_SHARED`` anonymous, i.e. shmem pages, which read slower with
-    ``O_DIRECT`` here and so made the baseline easy to beat)."""
-    from lmcache_backend_disk import aligned_empty
-
-    buf = aligned_empty((nbytes,), torch.uint8)
-    buf.fill_(0)  # fault the pages in, like the contenders' reused buffers
-    return memoryview(buf.numpy()).cast("B")
-
-
-#: The raw baseline issues requests of at most this many bytes (a 32 MiB file is 8 requests).
-RAW_REQUEST = 4 * MiB
-
-
-def _segments(nfiles: int, size: int, request: int) -> list[tuple[int, int, int]]:
-    """(file index, offset, length) of every request, file after file."""
-    return [(i, off, min(request, size - off)) for i in range(nfiles)
-            for off in range(0, size, request)]  # fmt: skip
-
-
-def raw_write(
-    directory: str,
-    names: Sequence[str],
-    bufs: Sequence[memoryview],
-    qd: int,
-    request: int = RAW_REQUEST,
-) -> list[str]:
-    """Durable ``O_DIRECT`` writes of ``bufs``: each file preallocated (``fallocate``: the
-    requests of one file land out of order, which would otherwise fragment it), then
-    ``pwritev`` requests of at most ``request`` bytes, ``qd`` in flight, then an fsync
-    per file (``qd`` at a time) and of the directory. Returns the paths."""
-    os.makedirs(directory, exist_ok=True)
-    paths = [os.path.join(directory, n) for n in names]
-    fds = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_DIRECT, 0o600) for p in paths]
-    try:
-        for fd, buf in zip(fds, bufs, strict=True):
-            os.posix_fallocate(fd, 0, len(buf))
-
-        def one(seg: tuple[int, int, int]) -> None:
-            i, off, n = seg
-            if os.pwritev(fds[i], [bufs[i][off : off + n]], off) != n:
-                raise OSError(f"short write to {paths[i]}")
-
-        with concurrent.futures.ThreadPoolExecutor(qd) as pool:
-            list(pool.map(one, _segments(len(paths), len(bufs[0]), request)))
-            list(pool.map(os.fsync, fds))
-    finally:
-        for fd in fds:
-            os.close(fd)
-    fsync_dir(directory)
-    return paths
-
-
-def raw_read(
-    paths: Sequence[str], bufs: Sequence[memoryview], qd: int, request: int = RAW_REQUEST
-) -> None:
-    """``O_DIRECT`` reads into aligned buffers: ``preadv`` requests of at most ``request``
-    bytes, ``qd`` in flight."""
-    fds = [os.open(p, os.O_RDONLY | O_DIRECT) for p in paths]
-    try:
-
-        def one(seg: tuple[int, int, int]) -> None:
-            i, off, n = seg
-            if os.preadv(fds[i], [bufs[i][off : off + n]], off) != n:
-                raise OSError(f"short read from {paths[i]}")
-
-        with concurrent.futures.ThreadPoolExecutor(qd) as pool:
-            list(pool.map(one, _segments(len(paths), len(bufs[0]), request)))
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 # =========================================================================== contenders
@@ -794,13 +659,7 @@ class DiskSize:
         shutil.rmtree(self.work, ignore_errors=True)
 
     def _object_files(self) -> list[str]:
-        out = []
-        for d, _, files in os.walk(self.ours_dir):
-            for f in files:
-                p = os.path.join(d, f)
-                if os.path.getsize(p) >= self.nbytes:
-                    out.append(p)
-        return out
+        return files_under(self.ours_dir, self.nbytes)
 
     def _time(self, name: str, fn: Callable[[], object], cold: Sequence[str] = ()) -> None:
         """Time one contender; before a cold read its files leave the page cache (checked).

@@ -91,3 +91,22 @@ def test_without_lmcache_it_says_how_to_get_it() -> None:
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert res.returncode != 0
     assert "make bench-peer" in res.stderr
+
+
+def test_the_raw_baseline_publishes_like_a_tier_and_lists_cold_files(tmp_path: Path) -> None:
+    """``publish``: written under temporary names, renamed into place, no temporary left;
+    ``files_under`` finds exactly the files of at least the given size."""
+    import _storage
+
+    src = [_storage.aligned_bytes(8192) for _ in range(3)]
+    for i, b in enumerate(src):
+        b[:] = bytes([i + 7]) * 8192
+    try:
+        paths = _storage.raw_write(str(tmp_path / "raw"), ["a", "b", "c"], src, qd=2,
+                                   request=4096, publish=True)  # fmt: skip
+    except OSError as exc:  # pragma: no cover - a filesystem without O_DIRECT
+        pytest.skip(f"O_DIRECT refused here: {exc}")
+    assert sorted(os.listdir(tmp_path / "raw")) == ["a", "b", "c"]
+    (tmp_path / "raw" / "small").write_bytes(b"x")
+    assert sorted(_storage.files_under(str(tmp_path), 8192)) == sorted(paths)
+    assert [Path(p).read_bytes() for p in paths] == [bytes(b) for b in src]

@@ -258,7 +258,12 @@ LMCACHE_KEYS: tuple[LMCacheKey, ...] = (
     _k("chunk_statistics_auto_exit_timeout_hours", 0.0, IGNORED, why=_STATS),
     _k("chunk_statistics_auto_exit_target_unique_chunks", 0, IGNORED, why=_STATS),
     _k("chunk_statistics_strategy", "memory_bloom_filter", IGNORED, why=_STATS),
-    _k("enable_kv_events", False, UNSUPPORTED, why="KV events are not emitted yet"),
+    _k(
+        "enable_kv_events",
+        False,
+        UNSUPPORTED,
+        why="the connector publishes KV events when vLLM's --kv-events-config enables them",
+    ),
     _k("use_gpu_connector_v3", False, IGNORED, why="LMCache's GPU copy kernels"),
     _k(
         "pin_timeout_sec",

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,3 +150,12 @@ def connector_config(
     if policy is not None:
         cfg["kv_load_failure_policy"] = policy
     return cfg
+
+
+@pytest.fixture
+def harnesses() -> Iterator[list[Any]]:
+    """In-process scheduler harnesses a test makes (``sched_harness.Harness``), closed after it."""
+    made: list[Any] = []
+    yield made
+    for h in made:
+        h.close()

@@ -330,9 +330,68 @@ def _itl(llm: Any, step: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+class EventSink:
+    """Receives vLLM's KV event batches over ZMQ (vLLM's publisher connects to this bound
+    127.0.0.1 socket) in a background thread."""
+
+    def __init__(self, endpoint: str) -> None:
+        import threading
+
+        import msgspec
+        import zmq
+        from vllm.distributed.kv_events import KVEventBatch
+
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.SUB)
+        self._sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self._sock.bind(endpoint)
+        self._decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+        self._lock = threading.Lock()
+        self._events: list[dict[str, Any]] = []
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        import msgspec
+
+        while not self._stop:
+            if not self._sock.poll(100):
+                continue
+            parts = self._sock.recv_multipart()
+            batch = self._decoder.decode(parts[-1])
+            with self._lock:
+                for e in batch.events:
+                    d = msgspec.structs.asdict(e)
+                    d["type"] = type(e).__name__
+                    self._events.append(d)
+
+    def take(self, settle_s: float = 1.0) -> list[dict[str, Any]]:
+        time.sleep(settle_s)  # the publisher sends from its own thread
+        with self._lock:
+            out, self._events = self._events, []
+        return out
+
+
+def _metrics(llm: Any) -> list[dict[str, Any]]:
+    """The connector's series and vLLM's cache-hit counters, from vLLM's Prometheus
+    registry (``LLM(..., disable_log_stats=False)``)."""
+    out = []
+    for m in llm.get_metrics():
+        if not m.name.startswith(("vllm:lmcache_core", "vllm:prompt_tokens_cached", "vllm:ext")):
+            continue
+        d: dict[str, Any] = {"name": m.name, "labels": dict(m.labels)}
+        for attr in ("value", "count", "sum"):
+            if hasattr(m, attr):
+                d[attr] = getattr(m, attr)
+        out.append(d)
+    return out
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
+    sink = EventSink(spec["kv_events_endpoint"]) if spec.get("kv_events_endpoint") else None
     t0 = time.monotonic()
     llm = LLM(**spec["engine"])
     results: dict[str, Any] = {"pid": os.getpid(), "startup_s": time.monotonic() - t0, "steps": {}}
@@ -367,7 +426,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         elif op == "shutdown":
             llm.llm_engine.engine_core.shutdown()
         elif op == "reset_prefix_cache":
-            rec["ok"] = bool(llm.reset_prefix_cache())
+            rec["ok"] = bool(
+                llm.reset_prefix_cache(reset_connector=bool(step.get("reset_connector")))
+            )
+        elif op == "metrics":
+            rec["metrics"] = _metrics(llm)
+        elif op == "events":
+            assert sink is not None
+            rec["events"] = sink.take()
         elif op == "abort":
             rec.update(_abort(llm, step, sp))
         elif op == "delete_disk_objects":

@@ -65,10 +65,13 @@ class Harness:
         policy: str = "recompute",
         options: dict[str, Any] | None = None,
         prefix_caching: bool = True,
+        kv_events: bool = False,
+        log_stats: bool = False,
     ) -> None:
         from vllm.config import (
             CacheConfig,
             DeviceConfig,
+            KVEventsConfig,
             KVTransferConfig,
             ModelConfig,
             SchedulerConfig,
@@ -117,6 +120,9 @@ class Harness:
             ),
             kv_transfer_config=ktc,
             device_config=DeviceConfig("cpu"),
+            kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+            if kv_events
+            else None,
         )
         names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
         spec = FullAttentionSpec(
@@ -140,7 +146,15 @@ class Harness:
             v.fill_(GARBAGE)
         vc.cache_config.num_gpu_blocks = num_blocks
         cls = AsyncScheduler if async_scheduling else Scheduler
-        self.sched = cls(vc, kv_cfg, StructuredOutputManager(vc), block_size=block_size)
+        self.sched = cls(
+            vc, kv_cfg, StructuredOutputManager(vc), block_size=block_size, log_stats=log_stats
+        )
+        #: what the scheduler sent the front-end each step (``log_stats``), and the KV
+        #: event batches it published (``kv_events``)
+        self.scheduler_stats: list[Any] = []
+        self.event_batches: list[Any] = []
+        if kv_events:
+            self.sched.kv_event_publisher.publish = self.event_batches.append  # type: ignore[method-assign]
         self.worker = LMCacheCoreConnector(vc, KVConnectorRole.WORKER, kv_cfg)
         self.worker.register_kv_caches(dict(zip(names, self.views, strict=True)))
         init_none_hash(sha256)
@@ -185,6 +199,8 @@ class Harness:
     def _deliver(self) -> None:
         so, out = self._inflight.popleft()
         for eco in self.sched.update_from_output(so, out).values():
+            if eco.scheduler_stats is not None:
+                self.scheduler_stats.append(eco.scheduler_stats)
             for o in eco.outputs:
                 if o.finish_reason is not None:
                     self.finished.add(o.request_id)
@@ -241,6 +257,7 @@ class Harness:
             finished_sending=sending,
             finished_recving=recving,
             invalid_block_ids=errors,
+            kv_connector_stats=w.get_kv_connector_stats(),
             kv_connector_worker_meta=w.build_connector_worker_meta(),
         )
         w.clear_connector_metadata()
@@ -340,3 +357,11 @@ class Harness:
 
 def _f32(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float32))
+
+
+def storage_config(chunk: int, cpu: str = "8MiB", disk: Path | None = None) -> dict[str, Any]:
+    """A connector storage section: a cpu tier of ``cpu`` bytes, then a disk tier at ``disk``."""
+    tiers: list[dict[str, Any]] = [{"name": "cpu", "backend": "cpu", "options": {"max_bytes": cpu}}]
+    if disk is not None:
+        tiers.append({"name": "disk", "backend": "disk", "options": {"path": str(disk)}})
+    return {"chunk_size": chunk, "tiers": tiers}

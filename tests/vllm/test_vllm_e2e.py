@@ -4,20 +4,26 @@ Four engine processes, each running many cases (see the ``engine_*`` fixtures):
 
 * ``e1`` (engine core in-process, prefix caching off, cpu + disk tiers): cold vs warm,
   short prompts, exact chunk multiples, cache salts, a batch sharing a prefix, aborts;
+  vLLM's Prometheus series against the worker's counters (hits under ``host``), and
+  ``reset_prefix_cache(reset_connector=True)``;
 * ``e2`` (a **new** multiprocess engine, prefix caching on, no ``PYTHONHASHSEED``, same
   disk directory): reuse from disk, a corrupted chunk, a local + external hit, reuse
   from the CPU tier after resetting vLLM's prefix cache, chunks gone from every tier;
+  the connector's KV events received over vLLM's ZMQ publisher;
 * ``e3``: a model with the same ``config.json`` but other weights on the same disk (the
   connector selected through ``kv_connector_module_path``);
 * ``e4``: tensor parallel 2 (worker connectors in two other processes), including a
-  background load whose chunk is missing on one rank.
+  background load whose chunk is missing on one rank; hit tokens on vLLM's series
+  counted once, bytes summed over the ranks.
 
 Sliding-window, hybrid and MLA models are in ``test_vllm_models_e2e.py``.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +36,45 @@ pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]
 DATA_OFFSET = 4096  # object format: the tensor bytes start here
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _series(metrics: list[dict[str, Any]], name: str, **labels: str) -> float:
+    """Sum of the samples of series ``name`` whose labels include ``labels``."""
+    return sum(
+        float(m.get("value", m.get("sum", 0)))
+        for m in metrics
+        if m["name"] == name and all(m["labels"].get(k) == v for k, v in labels.items())
+    )
+
+
+def _block_hashes(tokens: list[int]) -> list[int]:
+    """vLLM's block hashes of ``tokens`` (sha256, its default), as its KV events carry
+    them (64-bit ints)."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import hash_block_tokens, init_none_hash
+
+    seed = os.environ.pop("PYTHONHASHSEED", None)  # the engine runs without it
+    try:
+        init_none_hash(sha256)
+    finally:
+        if seed is not None:
+            os.environ["PYTHONHASHSEED"] = seed
+    out, parent = [], None
+    for i in range(len(tokens) // c.BLOCK):
+        parent = hash_block_tokens(sha256, parent, tokens[i * c.BLOCK : (i + 1) * c.BLOCK])
+        out.append(int.from_bytes(parent, "big") & ((1 << 64) - 1))
+    return out
+
+
 def _engine(
-    model: Path, ktc: dict[str, Any], *, prefix_caching: bool, tp: int = 1
+    model: Path, ktc: dict[str, Any], *, prefix_caching: bool, tp: int = 1, log_stats: bool = False
 ) -> dict[str, Any]:
     return {
+        "disable_log_stats": not log_stats,  # on: vLLM's Prometheus series in-process
         "model": str(model),
         "dtype": "float32",
         "block_size": c.BLOCK,
@@ -113,9 +154,14 @@ def e1(vllm_models: Models, workdir: Path) -> EngineRun:
             "steps_before_abort": 1,
         },
         _gen("after_abort", c.ABORT),
+        # vLLM's metrics, then a connector reset: the memory tier is cleared, disk is not
+        {"op": "metrics", "name": "metrics"},
+        {"op": "reset_prefix_cache", "name": "reset_connector", "reset_connector": True},
+        _gen("after_reset", c.LONG),
+        {"op": "metrics", "name": "metrics_after_reset"},
     ]
     spec = {
-        "engine": _engine(vllm_models.main, ktc, prefix_caching=False),
+        "engine": _engine(vllm_models.main, ktc, prefix_caching=False, log_stats=True),
         "steps": steps,
         "stats_dir": str(stats),
         "disk_dir": str(disk),
@@ -162,11 +208,23 @@ def e2(vllm_models: Models, workdir: Path, e1: EngineRun) -> EngineRun:
         {"op": "reset_prefix_cache", "name": "reset5"},
         _gen("stale_again", c.EVICT),
     ]
+    # vLLM's KV events over ZMQ: its publisher connects to the driver's 127.0.0.1 socket
+    # (a short prompt, never stored, runs one more step: the last stores reach the scheduler)
+    at = steps.index(_gen("fill", *c.FILLERS)) + 1
+    steps[at:at] = [_gen("nudge", c.SHORT), {"op": "events", "name": "events"}]
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    engine = _engine(vllm_models.main, ktc, prefix_caching=True)
+    engine["kv_events_config"] = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": endpoint,
+    }
     spec = {
-        "engine": _engine(vllm_models.main, ktc, prefix_caching=True),
+        "engine": engine,
         "steps": steps,
         "stats_dir": str(stats),
         "disk_dir": str(disk),
+        "kv_events_endpoint": endpoint,
     }
     return run_engine(workdir, "e2", spec, engine_env(multiprocessing=True))
 
@@ -216,9 +274,10 @@ def e4(vllm_models: Models, workdir: Path) -> EngineRun:
             "fail": {"tokens": c.CORRUPT, "chunks": [1], "rank": 1, "world_size": 2},
         },
         _gen("q_async", c.CORRUPT),
+        {"op": "metrics", "name": "metrics"},
     ]
     spec = {
-        "engine": _engine(vllm_models.main, ktc, prefix_caching=False, tp=2),
+        "engine": _engine(vllm_models.main, ktc, prefix_caching=False, tp=2, log_stats=True),
         "steps": steps,
         "stats_dir": str(stats),
         "disk_dir": str(disk),
@@ -403,7 +462,93 @@ def test_fail_policy_is_served_from_tiers_that_can_pin(e1: EngineRun, e3: Engine
     assert re.search(r"LMCacheCoreConnector scheduler side: .* policy=recompute", e1.log)
 
 
+def test_metrics_equal_the_workers_counts_and_hits_are_host(e1: EngineRun) -> None:
+    """vLLM's Prometheus series (in-process registry): the connector's hit tokens per
+    tier equal the worker's own counters; vLLM's hit-source counter puts every
+    connector hit (all from the cpu tier in this process) under ``host``."""
+    m = e1.step("metrics")["metrics"]
+    w = e1.worker("metrics")
+    loaded = w["loaded_tokens_by_tier"]
+    assert set(loaded) == {"cpu"} and loaded["cpu"] > 0
+    assert _series(m, "vllm:lmcache_core_hit_tokens", tier="cpu") == loaded["cpu"]
+    assert _series(m, "vllm:lmcache_core_hit_tokens") == loaded["cpu"]
+    assert _series(m, "vllm:lmcache_core_load_bytes") == w["loaded_bytes"]
+    # (a store completing after the last step is in the file, not yet on the series)
+    assert 0 < _series(m, "vllm:lmcache_core_save_bytes") <= w["saved_bytes"]
+    external = _series(m, "vllm:external_prefix_cache_hits")
+    host = _series(m, "vllm:prompt_tokens_cached_by_source", source="host")
+    assert host == external > 0
+    assert _series(m, "vllm:prompt_tokens_cached_by_source", source="external_unspecified") == 0
+    assert _series(m, "vllm:lmcache_core_tier_healthy", tier="disk") == 1
+    assert _series(m, "vllm:lmcache_core_save_seconds") > 0  # histogram sum
+
+
+def test_reset_connector_clears_the_cpu_tier_not_the_disk(e1: EngineRun) -> None:
+    """``LLM.reset_prefix_cache(reset_connector=True)``: LONG was in the cpu tier; after
+    the reset it loads from disk, with the same output."""
+    assert e1.step("reset_connector")["ok"]
+    _same(e1.outputs("cold")[0], e1.outputs("after_reset")[0])
+    assert e1.outputs("after_reset")[0]["num_cached_tokens"] == 255
+    before, after = e1.worker("metrics"), e1.worker("metrics_after_reset")
+    assert after["resets"] == 1 and after["reset_removed_chunks"] > 0
+    gained = {
+        t: n - before["loaded_tokens_by_tier"].get(t, 0)
+        for t, n in after["loaded_tokens_by_tier"].items()
+    }
+    assert gained == {"cpu": 0, "disk": 256}
+    m0, m1 = e1.step("metrics")["metrics"], e1.step("metrics_after_reset")["metrics"]
+    assert (
+        _series(m1, "vllm:prompt_tokens_cached_by_source", source="disk")
+        - _series(m0, "vllm:prompt_tokens_cached_by_source", source="disk")
+        == 255
+    )
+    assert _series(m1, "vllm:lmcache_core_hit_tokens", tier="disk") == 256
+    assert e1.scheduler("after_reset")["resets"] == 1
+
+
+def test_kv_events_over_zmq(e2: EngineRun) -> None:
+    """vLLM's ZMQ publisher carries the connector's events: a ``BlockStored`` (medium
+    ``cpu``) with vLLM's block hashes for every chunk stored in the memory tier, and a
+    ``BlockRemoved`` for the chunks the fillers evicted."""
+    events = [e for e in e2.step("events")["events"] if e.get("medium") == "cpu"]
+    stored = {}
+    for e in events:
+        if e["type"] == "BlockStored":
+            stored[tuple(e["block_hashes"])] = e
+    removed = {h for e in events if e["type"] == "BlockRemoved" for h in e["block_hashes"]}
+    per = c.CHUNK // c.BLOCK
+    for tokens in (c.CPU_REUSE, c.EVICT, *c.FILLERS):
+        hashes = _block_hashes(tokens)
+        for ch in range(len(tokens) // c.CHUNK):
+            ev = stored[tuple(hashes[ch * per : (ch + 1) * per])]
+            assert ev["parent_block_hash"] == (hashes[ch * per - 1] if ch else None)
+            assert ev["token_ids"] == tokens[ch * c.CHUNK : (ch + 1) * c.CHUNK]
+            assert ev["block_size"] == c.BLOCK
+    # EVICT's chunks left the 8-chunk memory tier when the 12 filler chunks came in
+    assert set(_block_hashes(c.EVICT)) <= removed
+    # every removed block was announced before
+    assert removed <= {h for hs in stored for h in hs}
+    assert "KV events off" not in e2.log
+
+
 # ---------------------------------------------------------------------------------- e4
+def test_tensor_parallel_2_metrics_count_tokens_once(e4: EngineRun) -> None:
+    """Both ranks load every chunk (each its half of the heads): the hit tokens on
+    vLLM's series equal one rank's count, the bytes both ranks' sum."""
+    m = e4.step("metrics")["metrics"]
+    r0, r1 = e4.worker("metrics", 0), e4.worker("metrics", 1)
+    t0 = sum(r0["loaded_tokens_by_tier"].values())
+    t1 = sum(r1["loaded_tokens_by_tier"].values())  # less: one chunk failed on rank 1
+    assert t0 >= t1 > 0
+    assert _series(m, "vllm:lmcache_core_hit_tokens") == t0  # not t0 + t1
+    for tier, n in r0["loaded_tokens_by_tier"].items():
+        assert _series(m, "vllm:lmcache_core_hit_tokens", tier=tier) == n
+    assert _series(m, "vllm:lmcache_core_load_bytes") == sum(
+        sum(r["loaded_bytes_by_tier"].values()) for r in (r0, r1)
+    )
+    assert _series(m, "vllm:lmcache_core_failed_loads") == e4.scheduler("metrics")["load_failures"]
+
+
 def test_tensor_parallel_2(e4: EngineRun) -> None:
     cold, warm = e4.outputs("cold"), e4.outputs("warm")
     assert [o["num_cached_tokens"] for o in warm] == [255, 192]

@@ -8,13 +8,12 @@ runs: step N+1 is planned before step N's load failure reaches the scheduler.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import Models, requires_vllm
-from sched_harness import Harness
+from sched_harness import Harness, storage_config
 
 pytestmark = [requires_vllm, pytest.mark.vllm]
 
@@ -26,18 +25,7 @@ Y = [RNG.randrange(4, 500) for _ in range(130)]
 
 
 def _storage(cpu: str = "8MiB", disk: Path | None = None) -> dict[str, Any]:
-    tiers: list[dict[str, Any]] = [{"name": "cpu", "backend": "cpu", "options": {"max_bytes": cpu}}]
-    if disk is not None:
-        tiers.append({"name": "disk", "backend": "disk", "options": {"path": str(disk)}})
-    return {"chunk_size": CHUNK, "tiers": tiers}
-
-
-@pytest.fixture
-def harnesses() -> Iterator[list[Harness]]:
-    made: list[Harness] = []
-    yield made
-    for h in made:
-        h.close()
+    return storage_config(CHUNK, cpu, disk)
 
 
 def _poisoning_run(model: Path, async_scheduling: bool, made: list[Harness]) -> Harness:

@@ -12,15 +12,16 @@ prompts from disk (hits counted by vLLM's ``cached_tokens`` and by the worker's
 per-tier counters) and every greedy output is identical. Each cold output's top-1/top-2
 logprob margin is checked, so the comparison cannot flip on float rounding.
 
-Hook for issue 14 item 2 (metrics): :class:`Server` keeps the base URL and the stats
-directory; a test scraping ``/metrics`` (the connector's series against its stats files,
-``prompt_tokens_cached_by_source``) belongs next to these, against ``serve_b``.
+Each server's ``/metrics`` is scraped over HTTP after its workload: the connector's
+series equal its own statistics and vLLM's ``prompt_tokens_cached_by_source`` counts
+the hits under ``disk``.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -67,6 +68,32 @@ class Server:
     stats_dir: Path
     log_path: Path
     outputs: dict[str, Any] = field(default_factory=dict)
+    #: ``/metrics`` scraped after the workload: (sample name, labels, value)
+    metrics: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
+    #: the worker's stats document read right after the scrape
+    scraped_worker: dict[str, Any] = field(default_factory=dict)
+
+    def scrape(self) -> None:
+        """Scrape ``/metrics`` over HTTP (once the last step's statistics are in)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        time.sleep(1.0)
+        with urllib.request.urlopen(f"{self.base_url}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        self.metrics = [
+            (smp.name, dict(smp.labels), float(smp.value))
+            for fam in text_string_to_metric_families(text)
+            for smp in fam.samples
+        ]
+        self.scraped_worker = self.worker_stats()
+
+    def series(self, name: str, **labels: str) -> float:
+        """Sum of the scraped samples ``name`` whose labels include ``labels``."""
+        return sum(
+            v
+            for n, lab, v in self.metrics
+            if n == name and all(lab.get(k) == want for k, want in labels.items())
+        )
 
     def client(self) -> Any:
         from openai import OpenAI
@@ -165,6 +192,7 @@ def _start(name: str, model: Path, workdir: Path, *, lmcache: bool = False) -> S
         "256",
     ]
     env = engine_env(multiprocessing=True)
+    env["VLLM_LOG_STATS_INTERVAL"] = "1"  # vLLM's periodic stats line, every second
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir)
     server = Server(proc, f"http://127.0.0.1:{port}", stats, log_path)
@@ -261,6 +289,7 @@ def serve_a(vllm_models: Models, serve_workdir: Path) -> Server:
     server = _start("a", vllm_models.main, serve_workdir)
     try:
         server.outputs = _workload(server)
+        server.scrape()
         wait_disk_stable(str(serve_workdir / "kv"), at_least=1)
     finally:
         server.stop()
@@ -274,6 +303,7 @@ def serve_b(vllm_models: Models, serve_workdir: Path, serve_a: Server) -> Server
     server = _start("b", vllm_models.main, serve_workdir, lmcache=True)
     try:
         server.outputs = _workload(server)
+        server.scrape()
     finally:
         server.stop()
     return server
@@ -333,6 +363,47 @@ def test_restarted_server_loads_prompts_from_disk(serve_a: Server, serve_b: Serv
     assert stats["failed_chunks"] == 0
     log = serve_b.log_path.read_text(errors="replace")
     assert "LMCache settings not honoured" not in log
+
+
+def test_metrics_endpoint_shows_the_connector_series(serve_a: Server, serve_b: Server) -> None:
+    """``/metrics`` over HTTP: the connector's series equal its own statistics (tokens
+    per tier, bytes loaded), and vLLM's hit-source counter puts the hits the second
+    process loaded from disk under ``disk``."""
+    from lmcache_core.integrations.vllm.prom_metrics import SERIES
+
+    names = {n for n, _, _ in serve_b.metrics}
+    suffix = {"counter": "_total", "histogram": "_count", "gauge": ""}
+    for s in SERIES:  # label-less series are exposed from the start, the others once used
+        if not s.labels:
+            assert s.name + suffix[s.kind] in names, s.name
+    w = serve_b.scraped_worker
+    loaded = w["loaded_tokens_by_tier"]
+    assert loaded.get("disk", 0) > 0
+    for tier, n in loaded.items():
+        assert serve_b.series("vllm:lmcache_core_hit_tokens_total", tier=tier) == n, tier
+    assert serve_b.series("vllm:lmcache_core_hit_tokens_total") == sum(loaded.values())
+    assert serve_b.series("vllm:lmcache_core_load_bytes_total") == w["loaded_bytes"]
+    assert serve_b.series("vllm:lmcache_core_load_seconds_count", tier="disk") >= 1
+    assert serve_b.series("vllm:lmcache_core_tier_healthy", tier="disk") == 1
+    disk = serve_b.series("vllm:prompt_tokens_cached_by_source_total", source="disk")
+    external = serve_b.series("vllm:external_prefix_cache_hits_total")
+    assert disk > 0
+    # every connector hit has a tier type: none left unspecified
+    assert (
+        serve_b.series("vllm:prompt_tokens_cached_by_source_total", source="external_unspecified")
+        == 0
+    )
+    assert (
+        disk + serve_b.series("vllm:prompt_tokens_cached_by_source_total", source="host")
+        == external
+    )
+    # vLLM's periodic log line carries the connector's figures (build_kv_connector_stats)
+    log = serve_b.log_path.read_text(errors="replace")
+    lines = re.findall(r"KV Transfer metrics: (.*)", log)
+    assert any("hit_tokens_disk=" in line and "load_bytes=" in line for line in lines), lines
+    # the first server stored chunks (its saves are on its series)
+    assert serve_a.series("vllm:lmcache_core_save_bytes_total") > 0
+    assert serve_a.series("vllm:lmcache_core_save_seconds_count") >= 1
 
 
 def test_make_serve_command_defaults(

@@ -1,5 +1,6 @@
 """Reads of objects larger than one read request (``READ_PIECE``): every piece lands in
-the caller's buffer (aligned or not) and is checksummed; damage in any piece is a miss."""
+the caller's buffer (aligned or not) and is checksummed; damage or a truncation in any
+piece is a miss."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from lmcache_core import CacheEngineKey
 from lmcache_core.testing import random_tensor, same_bits
 
 
-@pytest.mark.parametrize("nbytes", [3 * 65536 + 123, 4 * 65536, 5])
+@pytest.mark.parametrize("nbytes", [9 * 65536 + 123, 4 * 65536, 5])
 def test_reads_in_pieces_land_whole_and_are_verified(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nbytes: int
 ) -> None:
@@ -46,7 +47,7 @@ def test_reads_in_pieces_land_whole_and_are_verified(
     run(body())
 
 
-@pytest.mark.parametrize("nbytes", [3 * 65536 + 123, 4 * 65536, 5])
+@pytest.mark.parametrize("nbytes", [9 * 65536 + 123, 4 * 65536, 5])
 def test_direct_writes_preallocate_and_leave_the_exact_size(tmp_path: Path, nbytes: int) -> None:
     """``O_DIRECT`` puts preallocate the padded file before writing; the published object
     still has exactly header + data bytes (the padding is cut off) and reads back."""
@@ -68,6 +69,38 @@ def test_direct_writes_preallocate_and_leave_the_exact_size(tmp_path: Path, nbyt
                 assert os.path.getsize(path) == len(header) + nbytes
                 out = torch.zeros(nbytes, dtype=torch.uint8)
                 assert await b.get_into(key, out) and same_bits(out, value)
+        finally:
+            await b.close()
+
+    run(body())
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_truncated_in_a_middle_piece_is_a_miss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aligned: bool
+) -> None:
+    """A file cut short inside a piece other than the first or last is a miss (counted
+    bad and removed), never a hit."""
+    monkeypatch.setattr(objects_mod, "READ_PIECE", 65536)
+    nbytes = 8 * 65536
+
+    async def body() -> None:
+        b = DiskBackend({"path": str(tmp_path / "tier"), "fsync": False})
+        await b.start()
+        try:
+            key = CacheEngineKey("cut", 1, 0, nbytes, "uint8")
+            value = random_tensor((nbytes,), torch.uint8, seed=7)
+            assert await b.put(key, value)
+            path = os.path.join(b.root, b._rel(key))
+            os.truncate(path, os.path.getsize(path) - 5 * 65536 + 100)
+            out = (
+                aligned_empty((nbytes,), torch.uint8)
+                if aligned
+                else torch.zeros(nbytes + 1, dtype=torch.uint8)[1:]
+            )
+            assert not await b.get_into(key, out)
+            assert b.stats()["bad_objects"] == 1
+            assert not os.path.exists(path)
         finally:
             await b.close()
 

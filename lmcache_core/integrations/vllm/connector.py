@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,14 +34,20 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
     SupportsHMA,
 )
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from .context import build_context
+from .connector_stats import ConnectorStats
+from .context import ConnectorContext, build_context
+from .kv_events import KVEvents
 from .metadata import StepMetadata
+from .prom_metrics import PromMetrics
 from .scheduler_side import SchedulerSide
 from .worker_side import WorkerSide
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -54,8 +61,35 @@ __all__ = ["LMCacheCoreConnector"]
 log = logging.getLogger("vllm.lmcache_core.connector")
 
 
+def _kv_events(vllm_config: Any, ctx: ConnectorContext) -> KVEvents | None:
+    """The KV-event builder when vLLM publishes KV events (``--kv-events-config``)."""
+    cfg = getattr(vllm_config, "kv_events_config", None)
+    if cfg is None or not getattr(cfg, "enable_kv_cache_events", False):
+        return None
+    if ctx.disabled or ctx.layout is None or not ctx.storage_config.tiers:
+        return None
+    algo = str(getattr(vllm_config.cache_config, "prefix_caching_hash_algo", "") or "")
+    return KVEvents(
+        enabled=True,
+        medium=ctx.storage_config.tiers[0].name,
+        block_size=ctx.block_size,
+        blocks_per_chunk=ctx.blocks_per_chunk,
+        hash_block_size=ctx.hash_block_size or ctx.block_size,
+        hash_algo=algo,
+        group_idx=ctx.layout.group_id,
+    )
+
+
 class LMCacheCoreConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
-    """vLLM KV connector storing prompt chunks in an lmcache-core tiered hierarchy."""
+    """vLLM KV connector storing prompt chunks in an lmcache-core tiered hierarchy.
+
+    Observability in vLLM's own terms: figures in vLLM's statistics and on ``/metrics``
+    (:mod:`.connector_stats`, :mod:`.prom_metrics`), hit sources by tier type
+    (:meth:`get_external_cache_hit_sources`), KV events (:mod:`.kv_events`).
+    """
+
+    #: Used by vLLM only where the per-tier split is not asked for.
+    _cache_hit_source = CacheHitSource.HOST
 
     def __init__(
         self,
@@ -69,7 +103,7 @@ class LMCacheCoreConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[mis
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self._scheduler = SchedulerSide(ctx)
+            self._scheduler = SchedulerSide(ctx, _kv_events(vllm_config, ctx))
         else:
             self._worker = WorkerSide(ctx, vllm_config, kv_cache_config)
             log.info("LMCacheCoreConnector worker-side connector created in pid=%d", os.getpid())
@@ -145,13 +179,15 @@ class LMCacheCoreConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[mis
     def get_external_cache_hit_sources(
         self, request: Request, num_external_tokens: int
     ) -> dict[Any, int]:
-        """Tokens loaded from the workers' memory tier count as ``host``, the rest (shared
-        tiers, loaded in the background) as ``disk``."""
-        from vllm.v1.metrics.cache_hit_source import CacheHitSource
-
+        """The planned load's tokens by the type of the tier each chunk is read from:
+        ``cpu`` tiers -> ``host``, ``disk``/``gds`` -> ``disk``, S3 and any other backend
+        -> ``external_unspecified`` (vLLM has no "remote" source). This is the
+        scheduler's plan; what the workers actually read is on the connector's own
+        ``vllm:lmcache_core_hit_tokens`` series."""
         if num_external_tokens <= 0 or self._scheduler is None:
             return {}
-        return {CacheHitSource(self._scheduler.hit_source(request)): num_external_tokens}
+        split = self._scheduler.hit_sources(request, num_external_tokens)
+        return {CacheHitSource(src): n for src, n in split.items() if n > 0}
 
     def on_new_request(self, request: Request) -> None:
         if self._scheduler is not None:
@@ -197,5 +233,43 @@ class LMCacheCoreConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[mis
             return ()
         return (layout.group_id,)
 
-    def get_kv_connector_stats(self) -> None:
+    # ------------------------------------------------------------------ observability
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        """This process's figures since the last call (worker: tokens, bytes, timings,
+        tier health; scheduler: request-level counts)."""
+        try:
+            if self._worker is not None:
+                return self._worker.kv_connector_stats()
+            if self._scheduler is not None:
+                return self._scheduler.kv_connector_stats()
+        except Exception:  # statistics must never break a step
+            log.exception("LMCacheCoreConnector: collecting statistics failed")
         return None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats:
+        return ConnectorStats(data=dict(data) if data else {})
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[Any], type[Any]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> PromMetrics:
+        return PromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        """``BlockStored``/``BlockRemoved`` for the workers' memory tier (see
+        :mod:`.kv_events`); none unless vLLM's KV events are enabled."""
+        return self._scheduler.take_events() if self._scheduler is not None else ()
+
+    def reset_cache(self) -> bool | None:
+        """``LLM.reset_prefix_cache(reset_connector=True)``: the scheduler forgets what the
+        memory tiers hold at once; every worker clears its private tiers at the start of
+        the next step, before any load. Shared tiers (disk, S3) are untouched unless the
+        ``reset_shared_tiers`` option is set."""
+        if self._scheduler is None:
+            return None
+        return self._scheduler.reset_cache()

@@ -106,6 +106,8 @@ class AsyncLoads:
         self.throughput: list[tuple[int, float, float]] = []
         #: tier -> [bytes, seconds] of finished loads, by the tier of their deepest chunk
         self.rate_by_tier: dict[str, list[float]] = {}
+        #: (tier, bytes, seconds) of each finished load since :meth:`take_observations`
+        self._observations: list[tuple[str, int, float]] = []
 
     @property
     def active(self) -> int:
@@ -286,6 +288,13 @@ class AsyncLoads:
             acc = self.rate_by_tier.setdefault(tier, [0.0, 0.0])
             acc[0] += job.loaded_bytes
             acc[1] += seconds
+            if len(self._observations) < 4096:
+                self._observations.append((tier, job.loaded_bytes, seconds))
+
+    def take_observations(self) -> list[tuple[str, int, float]]:
+        """``(deepest tier, bytes, seconds)`` of each load finished since the last call."""
+        out, self._observations = self._observations, []
+        return out
 
     def abandon_all(self) -> None:
         """Give up every load (shutdown): no copy into vLLM's blocks starts afterwards."""

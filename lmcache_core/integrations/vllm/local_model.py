@@ -260,12 +260,11 @@ _FAMILIES = {
 }
 
 
-def _build(spec: ModelSpec, path: Path) -> None:
-    import torch
-
-    tf: Any = importlib.import_module("transformers")
-
-    common: dict[str, Any] = dict(
+def llama_shape(spec: Any) -> dict[str, Any]:
+    """The transformers config arguments every locally made model shares: the sizes named
+    on ``spec`` (a :class:`ModelSpec` or the trained model's spec), untied embeddings and
+    the special-token ids of the local tokenizers (bos 1, eos 2, pad 3)."""
+    return dict(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -278,6 +277,14 @@ def _build(spec: ModelSpec, path: Path) -> None:
         eos_token_id=2,
         pad_token_id=3,
     )
+
+
+def _build(spec: ModelSpec, path: Path) -> None:
+    import torch
+
+    tf: Any = importlib.import_module("transformers")
+
+    common = llama_shape(spec)
     torch.manual_seed(spec.seed)
     model: Any
     if spec.architecture in _FAMILIES:

@@ -30,6 +30,8 @@ class RankHits:
 
     found: list[int]
     pinned: list[int]
+    #: chunk index -> name of the tier holding it, for rank 0's found chunks
+    tiers: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -81,6 +83,7 @@ class ViewLookups:
         return RankHits(
             [max(0, ps + f - s) for ps, f, s in zip(p.starts, hits.found, starts, strict=True)],
             [max(0, ps + f - s) for ps, f, s in zip(p.starts, hits.pinned, starts, strict=True)],
+            hits.tiers,
         )
 
     def prefetch(
@@ -131,7 +134,13 @@ class ViewLookups:
                 lead += 1
             pinned.append(lead)
         p.leased = _leased(p.keys, results)
-        p.hits = RankHits(found, pinned)
+        first = results[0] if results else None
+        tiers = (
+            {p.starts[0] + i: first.tier_of(i) for i in range(first.num_hit)}
+            if first is not None
+            else {}
+        )
+        p.hits = RankHits(found, pinned, tiers)
         return p.hits
 
     def _drop_later(self, p: _Pending) -> None:

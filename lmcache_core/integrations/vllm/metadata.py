@@ -60,7 +60,8 @@ class StepMetadata(KVConnectorMetadata):
     loads that could not be planned (reported as load errors); ``release`` lists, per
     rank, chunks the scheduler no longer offers (their pins end after this step's
     loads); ``finish_after_save`` names finished requests whose blocks vLLM keeps until
-    the workers have gathered their saves.
+    the workers have gathered their saves; ``reset`` orders every worker to clear its
+    private tiers before any load of the step.
     """
 
     step: int = 0
@@ -72,10 +73,13 @@ class StepMetadata(KVConnectorMetadata):
     release: dict[int, list[int]] = field(default_factory=dict)
     finish_after_save: list[str] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    #: ``reset_cache`` was called: clear the private tiers before this step's loads
+    reset: bool = False
 
     def is_empty(self) -> bool:
         return not (
-            self.loads
+            self.reset
+            or self.loads
             or self.async_loads
             or self.saves
             or self.failed_blocks

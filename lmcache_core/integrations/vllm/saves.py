@@ -74,6 +74,8 @@ class SaveQueue:
         self.refused = 0
         self.gather_seconds = 0.0
         self.store_seconds = 0.0
+        #: (bytes, seconds) of each store since :meth:`take_observations`
+        self._observations: list[tuple[int, float]] = []
 
     @property
     def pending(self) -> int:
@@ -135,7 +137,10 @@ class SaveQueue:
                 await asyncio.to_thread(event.synchronize)
             t0 = time.perf_counter()
             ok = bool(await self.storage.hierarchy.put(item.key, buf))
-            self.store_seconds += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            self.store_seconds += dt
+            if ok and len(self._observations) < 4096:
+                self._observations.append((self.buffers.nbytes, dt))  # list.append: atomic
             extra = self.after_store(item.key) if ok and self.after_store is not None else None
         finally:  # (cancelled or failed: refused)
             self._finish(item, ok, extra)
@@ -168,6 +173,12 @@ class SaveQueue:
         """``(hash, chunk index, after_store result)`` of chunks stored since the last call."""
         with self._lock:
             out, self._stored = self._stored, []
+        return out
+
+    def take_observations(self) -> list[tuple[int, float]]:
+        """``(bytes, seconds)`` of each store completed since the last call."""
+        with self._lock:
+            out, self._observations = self._observations, []
         return out
 
     def take_refused(self) -> list[tuple[str, int]]:

@@ -33,15 +33,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...interface import Pinning, implements
+from .connector_stats import ConnectorStats, StatsDelta
 from .context import ConnectorContext
 from .keying import RequestKeyer
+from .kv_events import KVEvents
 from .lookups import ViewLookups
 from .metadata import ChunkLoad, ChunkSave, StepMetadata, WorkerReport
 from .stats_file import write_stats
 from .storage import Storage
 from .taint import BlockTaint
 
-__all__ = ["SchedulerSide", "StoredIndex"]
+__all__ = ["SchedulerSide", "StoredIndex", "hit_source_of"]
 
 log = logging.getLogger("vllm.lmcache_core.connector")
 
@@ -49,6 +51,15 @@ log = logging.getLogger("vllm.lmcache_core.connector")
 LOOKUP_REUSE_S = 5.0
 #: Leases from a lookup last this long beyond the load deadline unless released.
 LEASE_MARGIN_S = 30.0
+
+#: vLLM's hit source (``CacheHitSource`` value) of each backend type; any other backend
+#: (S3 and other remote stores) is ``external_unspecified``: vLLM has no "remote" source.
+HIT_SOURCES = {"cpu": "host", "disk": "disk", "gds": "disk"}
+
+
+def hit_source_of(backend: str) -> str:
+    """vLLM's ``CacheHitSource`` value for tokens read from a tier of ``backend``."""
+    return HIT_SOURCES.get(backend, "external_unspecified")
 
 
 class StoredIndex:
@@ -72,6 +83,12 @@ class StoredIndex:
             m.move_to_end(h)
         while len(m) > self.max_chunks:
             m.popitem(last=False)
+
+    def clear(self) -> list[int]:
+        """Forget every chunk; returns their hashes."""
+        out = list(self._masks)
+        self._masks.clear()
+        return out
 
     def discard(self, rank: int, hashes: list[int]) -> None:
         bit = 1 << rank
@@ -97,6 +114,7 @@ class _Req:
     loading_async: bool = False
     last_save_step: int = -1
     async_failed: set[int] = field(default_factory=set)
+    chunk_tiers: dict[int, str] = field(default_factory=dict)  # planned hit: chunk -> tier
 
 
 @dataclass
@@ -121,13 +139,19 @@ class _Counters:
     delayed_finishes: int = 0
     dropped_saves: int = 0
     preempted_requests: int = 0
+    resets: int = 0
 
 
 class SchedulerSide:
     """Lookups, load/save planning and bookkeeping for one engine core."""
 
-    def __init__(self, ctx: ConnectorContext) -> None:
+    def __init__(self, ctx: ConnectorContext, events: KVEvents | None = None) -> None:
         self.ctx = ctx
+        self.events = events
+        self._delta = StatsDelta()
+        self._reset_pending = False
+        self._backends = {t.name: t.backend for t in ctx.storage_config.tiers}
+        self._top = ctx.storage_config.tiers[0].name if ctx.storage_config.tiers else "?"
         self.disabled = ctx.disabled
         self.counters = _Counters()
         self.reqs: dict[str, _Req] = {}
@@ -271,12 +295,15 @@ class SchedulerSide:
         starts = self._memory_prefix(hashes, num_computed_tokens // cs)
         in_memory = min(starts)
         best = in_memory
-        if self.lookups is not None and in_memory < n:
+        view_tiers: dict[int, str] = {}
+        purging = self._reset_pending and self.ctx.settings.options.reset_shared_tiers
+        if self.lookups is not None and in_memory < n and not purging:
             hits = self.lookups.poll(request.request_id, starts, self._view_keys(hashes, starts))
             if hits is None:
                 return None, False  # ask again later: the lookup runs in the background
             usable = hits.pinned if self.fail_policy else hits.found
             best = min(s + u for s, u in zip(starts, usable, strict=True))
+            view_tiers = hits.tiers
         hit = best * cs
         if hit >= request.num_tokens:
             hit = request.num_tokens - 1  # the last token is always recomputed
@@ -284,17 +311,38 @@ class SchedulerSide:
         if ext <= 0:
             return 0, False
         st.plan_async = st.from_shared = best > in_memory
+        st.chunk_tiers = {
+            ch: (self._top if ch < in_memory else view_tiers.get(ch, "?"))
+            for ch in range(num_computed_tokens // cs, best)
+        }
         if not st.plan_async:
             nbytes = -(-ext // cs) * self._chunk_bytes
             limit = self.ctx.settings.options.max_load_bytes_per_step
             st.plan_async = self._step_load_bytes + nbytes > limit
         return ext, st.plan_async
 
-    def hit_source(self, request: Any) -> str:
-        """Where the request's planned load comes from, for vLLM's hit-source metric:
-        ``host`` (the workers' memory tier) or ``disk`` (a shared tier)."""
+    def hit_sources(self, request: Any, num_external_tokens: int) -> dict[str, int]:
+        """The planned load's tokens by vLLM hit source (``CacheHitSource`` values): each
+        chunk's tokens under the source of the tier the plan reads it from (the workers'
+        memory tier, or the shared tier rank 0's lookup found it in). Sums to
+        ``num_external_tokens``."""
         st = self.reqs.get(request.request_id)
-        return "disk" if st is not None and st.from_shared else "host"
+        if num_external_tokens <= 0:
+            return {}
+        if st is None:
+            return {"external_unspecified": num_external_tokens}
+        cs = self.ctx.chunk_size
+        start, end = st.lookup_local, st.lookup_local + num_external_tokens
+        out: dict[str, int] = {}
+        pos = start
+        while pos < end:
+            ch = pos // cs
+            stop = min(end, (ch + 1) * cs)
+            tier = st.chunk_tiers.get(ch, "?")
+            src = hit_source_of(self._backends.get(tier, ""))
+            out[src] = out.get(src, 0) + stop - pos
+            pos = stop
+        return out
 
     def _memory_prefix(self, hashes: list[int], first: int) -> list[int]:
         """Per rank: the first chunk from ``first`` on that its memory tier lacks."""
@@ -391,7 +439,8 @@ class SchedulerSide:
     # ------------------------------------------------------------------ planning
     def build_meta(self, scheduler_output: Any) -> StepMetadata:
         self.step += 1
-        meta = StepMetadata(step=self.step, acked=self.acked)
+        meta = StepMetadata(step=self.step, acked=self.acked, reset=self._reset_pending)
+        self._reset_pending = False
         if self.disabled or self.taint is None:
             return meta
         meta.loads, self._sync_loads = self._sync_loads, []
@@ -492,6 +541,8 @@ class SchedulerSide:
                 break
             saving.add(h)
             out.append(ChunkSave(req_id, c, h, blocks[c * bpc : (c + 1) * bpc], reads))
+            if self.events is not None:
+                self.events.planned(h, st.request, c)
             if c >= n_prompt_chunks:
                 self.counters.decode_saves_planned += 1
             planned = True
@@ -508,11 +559,19 @@ class SchedulerSide:
         invalid = set(getattr(output, "invalid_block_ids", None) or ())
         c = self.counters
         if isinstance(report, WorkerReport):
+            ev = self.events
             for rank, hashes in report.stored.items():
+                new = [h for h in hashes if not self.index.mask(h)] if ev is not None else []
                 self.index.add(rank, hashes)
+                for h in new:
+                    ev.stored(h)  # type: ignore[union-attr]
             for name in ("evicted", "missing", "withdrawn"):
                 for rank, hashes in getattr(report, name).items():
                     self.index.discard(rank, hashes)
+                    if ev is not None:  # no rank can serve it any more
+                        for h in hashes:
+                            if not self.index.mask(h):
+                                ev.removed(h)
             for rank, hashes in report.withdrawn.items():
                 self._release.setdefault(rank, []).extend(hashes)
             c.stale_hits += len({h for hashes in report.missing.values() for h in hashes})
@@ -639,6 +698,7 @@ class SchedulerSide:
             "unplannable_loads": c.unplannable_loads,
             "delayed_finishes": c.delayed_finishes,
             "preempted_requests": c.preempted_requests,
+            "resets": c.resets,
             "active_requests": len(self.reqs),
             "index_chunks": len(self.index),
             "step": self.step,
@@ -649,6 +709,43 @@ class SchedulerSide:
         if self.ctx.namespace is not None:
             d["namespace"] = json.loads(self.ctx.namespace.to_json())
         return d
+
+    def kv_connector_stats(self) -> ConnectorStats | None:
+        """Request-level counts since the last call, for vLLM's statistics (the workers
+        report tokens and bytes)."""
+        c, dl = self.counters, self._delta
+        data: dict[str, Any] = {}
+        for key, total in (
+            ("failed_loads", c.load_failures),
+            ("stale_loads", c.stale_hits),
+            ("dropped_saves", c.dropped_saves),
+            ("unkeyable_requests", c.unkeyable),
+        ):
+            n = dl.flat(key, total)
+            if n:
+                data[key] = n
+        return ConnectorStats(data=data) if data else None
+
+    def take_events(self) -> list[Any]:
+        """KV events since the last call (see :mod:`.kv_events`)."""
+        return self.events.take() if self.events is not None else []
+
+    def reset_cache(self) -> bool:
+        """Forget what the workers' memory tiers hold, at once, and order every worker to
+        clear its private tiers in the next step, before that step's loads. Shared tiers
+        are untouched unless ``reset_shared_tiers`` is set (then rank 0 deletes this
+        namespace's chunks from them too)."""
+        self.index.clear()
+        if self.events is not None:
+            self.events.removed_all()
+        for st in self.reqs.values():
+            st.stored_upto = 0
+            st.chunk_tiers = {}
+        self._sync_loads = []  # (none between steps: vLLM resets between steps)
+        self._reset_pending = True
+        self.counters.resets += 1
+        log.info("LMCacheCoreConnector: cache reset; workers clear their private tiers")
+        return True
 
     def write_stats(self) -> None:
         stats_dir = self.ctx.settings.options.stats_dir

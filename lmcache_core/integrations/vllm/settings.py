@@ -109,6 +109,11 @@ class ConnectorOptions:
         minimum=1,
         doc="Chunks the scheduler remembers as stored by its workers (LRU beyond).",
     )
+    reset_shared_tiers: bool = option(
+        False,
+        doc="reset_cache also deletes this model's chunks (its namespace) from the shared "
+        "tiers (disk, S3), not only the workers' memory tiers.",
+    )
 
 
 @dataclass(frozen=True)

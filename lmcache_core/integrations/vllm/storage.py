@@ -250,6 +250,57 @@ class Storage:
     def stats(self) -> dict[str, Any]:
         return self.hierarchy.stats()
 
+    def tier_health(self) -> dict[str, bool]:
+        """Per tier: whether it answers (not in error back-off)."""
+        return {t.name: t.health.state == "ok" for t in self.hierarchy.tiers}
+
+    def clear_private(self, timeout_s: float = 60.0) -> int:
+        """Remove every chunk from the tiers no other process sees (the memory tier);
+        shared tiers are untouched. Returns how many chunks were removed. Blocking."""
+        tiers = [
+            t
+            for t in self.hierarchy.tiers
+            if not t.backend.capabilities.shared and hasattr(t.backend, "keys")
+        ]
+
+        async def run() -> int:
+            n = 0
+            for t in tiers:
+                for key in list(t.backend.keys()):
+                    n += int(await t.remove(key))
+            return n
+
+        return int(self.submit(run()).result(timeout=timeout_s)) if tiers else 0
+
+    def purge_shared(self, namespace_json: str, timeout_s: float = 600.0) -> int:
+        """Delete every chunk of ``namespace_json`` from the shared tiers that can be
+        scanned (``MaintainableBackend``). Returns how many were deleted. Blocking."""
+        from ...interface import MaintainableBackend, implements
+        from ...keys import CacheEngineKey
+
+        tiers = [
+            t
+            for t in self.hierarchy.tiers
+            if t.backend.capabilities.shared and implements(t.backend, MaintainableBackend)
+        ]
+
+        async def run() -> int:
+            n = 0
+            for t in tiers:
+                doomed = [
+                    e
+                    async for e in t.backend.scan(read_headers=True)
+                    if e.namespace == namespace_json
+                ]
+                for e in doomed:
+                    try:  # through the tier (it forgets what it knew of the key)
+                        n += int(await t.remove(CacheEngineKey.from_string(e.key or "")))
+                    except ValueError:
+                        n += int(await t.backend.delete_entry(e))
+            return n
+
+        return int(self.submit(run()).result(timeout=timeout_s)) if tiers else 0
+
     def close(self) -> None:
         """Finish queued stores (up to the configured drain timeout) and close. Idempotent."""
         try:

@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .local_model import llama_shape
+
 __all__ = [
     "METADATA",
     "PROMPTS",
@@ -167,19 +169,7 @@ def model_perplexity(model: Any, prompts: Sequence[Sequence[int]]) -> float:
 
 def _llama(spec: TrainSpec) -> Any:
     tf: Any = importlib.import_module("transformers")
-    cfg = tf.LlamaConfig(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        max_position_embeddings=spec.max_position_embeddings,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=3,
-    )
+    cfg = tf.LlamaConfig(**llama_shape(spec))
     return tf.LlamaForCausalLM(cfg)
 
 

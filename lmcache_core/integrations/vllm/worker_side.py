@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ...keys import CacheEngineKey
+from .connector_stats import ConnectorStats, StatsDelta
 from .context import ConnectorContext
 from .layout import BlockCopier, UnsupportedModel, check_attention_backends
 from .loads import AsyncLoads
@@ -46,6 +47,8 @@ OFFERED_FRACTION = 0.75
 #: Withdrawal picks, among this many least recently used offered chunks per victim, the
 #: ones furthest into their prompt (a prefix without its first chunk is useless).
 WITHDRAW_WINDOW = 4
+#: Tier health goes into vLLM's statistics when it changes, and at least this often.
+HEALTH_EVERY_S = 5.0
 
 
 @dataclass
@@ -63,6 +66,8 @@ class _Counters:
     steps_with_loads: int = 0
     dropped_at_close: int = 0
     withdrawn: int = 0
+    resets: int = 0
+    reset_removed: int = 0
 
 
 class WorkerSide:
@@ -97,6 +102,10 @@ class WorkerSide:
         self._to_release: set[int] = set()
         self._unstarted: dict[str, list[ChunkLoad]] = {}
         self._saves_off = False  # a replica rank whose first tier is shared stores nothing
+        self._delta = StatsDelta()
+        self._sync_obs: list[tuple[str, int, float]] = []  # (tier, bytes, seconds) per step
+        self._health: dict[str, bool] = {}
+        self._health_at = 0.0
 
     # ------------------------------------------------------------------ set-up
     def _tp_rank(self) -> int:
@@ -224,6 +233,39 @@ class WorkerSide:
             self._failed_at = {b: s for b, s in self._failed_at.items() if s > meta.acked}
         if meta.finish_after_save:
             self._pending_finish.update(meta.finish_after_save)
+        if meta.reset:
+            self._reset()
+
+    def _reset(self) -> None:
+        """``reset_cache``: finish the queued saves (KV computed before the reset must not
+        land after it), drop every pin, and clear the private tiers."""
+        if self.storage is None:
+            return
+        if self.saves is not None:
+            self.saves.wait_gathers()
+            self.saves.drain(self.storage.drain_timeout_s)
+            self.saves.take_stored()  # stored before the reset: not reported
+        handles = [h for h, _ in self._offered.values()] + list(self._withdrawing.values())
+        self._offered.clear()
+        self._withdrawing.clear()
+        self._to_release.clear()
+        if handles:
+            self.storage.unpin_top(handles)
+        self._evicted.clear()
+        try:
+            removed = self.storage.clear_private()
+        except Exception:
+            log.exception("LMCacheCoreConnector: clearing the memory tier for a reset failed")
+            removed = 0
+        if self.ctx.settings.options.reset_shared_tiers and self.rank == 0:
+            assert self.ctx.namespace is not None
+            try:
+                removed += self.storage.purge_shared(self.ctx.namespace.to_json())
+            except Exception:
+                log.exception("LMCacheCoreConnector: deleting from the shared tiers failed")
+        self.counters.resets += 1
+        self.counters.reset_removed += removed
+        log.info("LMCacheCoreConnector rank %d: reset, %d chunks removed", self.rank, removed)
 
     def start_load(self, meta: StepMetadata) -> None:
         self._begin(meta)
@@ -258,6 +300,7 @@ class WorkerSide:
     def _load_sync(self, meta: StepMetadata) -> None:
         loads = meta.loads
         t0 = time.perf_counter()
+        before = self.counters.loaded_bytes
         ok = [False] * len(loads)
         if not self.disabled:
             try:
@@ -267,6 +310,10 @@ class WorkerSide:
                 ok = [False] * len(loads)
         ok = self._agree(ok)
         c = self.counters
+        if self.storage is not None and c.loaded_bytes > before:
+            self._sync_obs.append(
+                (self.storage.tier_names[0], c.loaded_bytes - before, time.perf_counter() - t0)
+            )
         first_fail: dict[str, int] = {}
         for load, good in zip(loads, ok, strict=True):
             if not good:
@@ -523,6 +570,51 @@ class WorkerSide:
                 out[tier] = out.get(tier, 0) + blocks * self.ctx.block_size
         return out
 
+    def _bytes_by_tier(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        if self.counters.loaded_bytes and self.storage is not None:
+            out[self.storage.tier_names[0]] = self.counters.loaded_bytes
+        if self.loads is not None:
+            for tier, blocks in self.loads.loaded_blocks_by_tier.items():
+                out[tier] = out.get(tier, 0) + blocks * self.loads.block_nbytes
+        return out
+
+    def kv_connector_stats(self) -> ConnectorStats | None:
+        """This rank's figures since the last call, for vLLM's statistics (see
+        :mod:`.connector_stats`: tokens from rank 0 only, bytes from every rank)."""
+        if self.storage is None:
+            return None
+        dl = self._delta
+        data: dict[str, Any] = {}
+        if self.rank == 0:
+            tokens = dl.per_tier("hit_tokens", self._tokens_by_tier())
+            if tokens:
+                data["hit_tokens"] = tokens
+        nbytes = dl.per_tier("load_bytes", self._bytes_by_tier())
+        if nbytes:
+            data["load_bytes"] = nbytes
+        obs = [list(o) for o in self._sync_obs]
+        self._sync_obs = []
+        if self.loads is not None:
+            obs.extend(list(o) for o in self.loads.take_observations())
+        if obs:
+            data["load_obs"] = obs
+        if self.saves is not None:
+            n = dl.flat("save_bytes", self.saves.stored_bytes)
+            if n:
+                data["save_bytes"] = n
+                data["saved_chunks"] = dl.flat("saved_chunks", self.saves.stored)
+            saves = self.saves.take_observations()
+            if saves:
+                data["save_obs"] = [list(o) for o in saves]
+        now = time.monotonic()
+        health = self.storage.tier_health()
+        if health != self._health or now - self._health_at >= HEALTH_EVERY_S:
+            self._health, self._health_at = health, now
+            rank = str(self.rank)
+            data["tier_health"] = {t: {rank: int(ok)} for t, ok in health.items()}
+        return ConnectorStats(data=data) if data else None
+
     def _rates(self) -> dict[str, dict[str, float]]:
         """Bytes loaded and seconds spent, per tier: loads before the forward pass (read
         + scatter) and background loads (first read to reported done), the latter by the
@@ -557,6 +649,9 @@ class WorkerSide:
             "loaded_tokens": sum(self._tokens_by_tier().values()),
             "loaded_bytes": c.loaded_bytes + (ld.loaded_bytes if ld is not None else 0),
             "loaded_tokens_by_tier": self._tokens_by_tier(),
+            "loaded_bytes_by_tier": self._bytes_by_tier(),
+            "resets": c.resets,
+            "reset_removed_chunks": c.reset_removed,
             "load_rate_by_tier": self._rates(),
             "failed_chunks": c.failed_chunks + (ld.failed_chunks if ld is not None else 0),
             "sync_loaded_chunks": c.loaded_chunks,
