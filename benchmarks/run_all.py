@@ -30,6 +30,7 @@ SMALL: dict[str, list[str]] = {
     "bench_disk_ops": ["--rounds", "1"],
     "bench_gds": ["--sizes", "4", "--total-mib", "64", "--repeats", "1"],
     "bench_hierarchy": ["--rounds", "3", "--iters", "50"],
+    "bench_load_copy": ["--chunks", "2", "--rounds", "2", "--block", "1"],
     "bench_placement": ["--chunks", "20000", "--rounds", "3"],
     "bench_s3": ["--reps", "1", "--sizes", "4", "--concurrency", "1,4"],
     "bench_sync": ["--rounds", "3", "--block", "10"],

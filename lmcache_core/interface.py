@@ -10,7 +10,7 @@ capability only after :func:`implements` says the backend has it, and registrati
 A backend class declares the interface version it was written for::
 
     class MyBackend(BaseBackend):
-        interface_version = "1.0"
+        interface_version = "1.1"
 
 Its major version must equal :data:`INTERFACE_VERSION`'s and its minor version must not
 be newer (:func:`interface_version_problem` names the supported range).
@@ -52,6 +52,7 @@ __all__ = [
     "Reconcilable",
     "RuntimeNote",
     "StorageBackend",
+    "ThreadSafeBorrows",
     "ThreadSafeContains",
     "ThreadSafeLoads",
     "ThreadSafeLookups",
@@ -68,7 +69,7 @@ __all__ = [
 
 #: The backend interface this lmcache-core provides (``major.minor``). A new optional
 #: protocol raises the minor version; a change to a required method raises the major.
-INTERFACE_VERSION = "1.0"
+INTERFACE_VERSION = "1.1"
 #: The oldest interface version a backend may declare and still load.
 MIN_INTERFACE_VERSION = "1.0"
 
@@ -317,6 +318,30 @@ class BatchedPinning(Protocol):
 
 
 @runtime_checkable
+class ThreadSafeBorrows(Protocol):
+    """Optional: read-only views of stored chunks, from any thread (``cpu`` has it).
+
+    A borrow is a pin that also hands out the stored tensor itself, so a caller copies
+    straight out of the tier (one copy instead of two through a buffer of its own).
+    While borrowed, an entry is never evicted, recycled or overwritten in place (an
+    explicit overwrite or removal installs or drops the *index* entry; the borrowed
+    memory is kept until :meth:`end_borrows`). The caller must not write into the view
+    and must end every borrow it took, after its last read (a device copy included).
+    """
+
+    def try_borrow_threadsafe(
+        self, keys: Sequence[CacheEngineKey]
+    ) -> list[tuple[object, torch.Tensor] | None] | None:
+        """Per key ``(handle, view)`` or ``None`` (not stored here); ``None`` overall
+        when nothing was borrowed (not started, say)."""
+        ...
+
+    def end_borrows(self, handles: Sequence[object]) -> None:
+        """End the borrows ``handles`` (what :meth:`try_borrow_threadsafe` returned)."""
+        ...
+
+
+@runtime_checkable
 class MaintainableBackend(Protocol):
     """Optional: scan, verify and delete stored objects, so that ``lmcache-core
     inspect/verify/gc`` work on a persistent tier (without it ``inspect`` reports the
@@ -401,6 +426,7 @@ OPTIONAL_PROTOCOLS: dict[type[Any], str] = {
     ThreadSafeLoads: "thread-safe loads",
     ThreadSafeContains: "thread-safe contains",
     ThreadSafePuts: "thread-safe puts",
+    ThreadSafeBorrows: "thread-safe borrows (read-only views)",
     PrefixLookups: "prefix lookups with leases",
     ThreadSafeLookups: "thread-safe prefix lookups",
     PrefixContains: "native prefix check",

@@ -272,3 +272,65 @@ def test_oversize_keys_are_refused_by_the_thread_safe_put_too() -> None:
         with pytest.raises(KeyFormatError, match="longer than"):
             sb.batched_put([huge], [torch.zeros(4)])
         assert b.stats()["entries"] == 0
+
+
+def test_a_borrowed_view_is_never_evicted_overwritten_or_recycled() -> None:
+    """A borrow (the vLLM connector copies straight out of the tier) keeps its view's
+    bytes: eviction skips the entry, a put of the same key installs a new entry instead of
+    writing in place, a removal keeps the memory, and nothing reuses it until the borrow
+    ends."""
+
+    async def body() -> None:
+        b = CPUBackend({"max_bytes": 2 * ENTRY, "inline_copy_bytes": 2 * MiB})
+        await b.start()
+        k, other = make_key("borrowed"), make_key("other")
+        v = random_tensor((MiB,), torch.uint8, seed=1)
+        assert await b.put(k, v)
+        res = b.try_borrow_threadsafe([k, make_key("absent")])
+        assert res is not None and res[1] is None
+        handle, view = res[0]  # type: ignore[misc]
+        assert same_bits(view, v)
+        # a same-sized overwrite would be done in place without the borrow
+        assert await b.put(k, random_tensor((MiB,), torch.uint8, seed=2))
+        assert same_bits(view, v)
+        assert same_bits(await b.get(k), random_tensor((MiB,), torch.uint8, seed=2))
+        # capacity pressure: the borrowed (now replaced) memory still counts and is kept
+        assert await b.put(other, random_tensor((MiB,), torch.uint8, seed=3)) in (True, False)
+        assert await b.remove(k) in (True, False)
+        for i in range(4):
+            await b.put(make_key(f"fill{i}"), random_tensor((MiB,), torch.uint8, seed=10 + i))
+        assert same_bits(view, v)
+        with pytest.raises(TypeError):
+            b.end_borrows([handle, object()])
+        b.end_borrows([handle])
+        s = b.stats()
+        assert s["used_bytes"] <= 2 * ENTRY
+        # its memory is reusable now: the tier can hold two fresh entries
+        for i in range(2):
+            assert await b.put(make_key(f"after{i}"), random_tensor((MiB,), torch.uint8, seed=20))
+        assert b.try_borrow_threadsafe([]) == []
+        await b.close()
+        assert b.try_borrow_threadsafe([k]) is None  # not started
+
+    run_async(body())
+
+
+def test_a_borrowed_entry_is_skipped_by_eviction() -> None:
+    async def body() -> None:
+        b = CPUBackend({"max_bytes": 2 * ENTRY})
+        await b.start()
+        keys = [make_key(f"b{i}") for i in range(2)]
+        for i, k in enumerate(keys):
+            assert await b.put(k, random_tensor((MiB,), torch.uint8, seed=i))
+        res = b.try_borrow_threadsafe([keys[0]])
+        assert res is not None and res[0] is not None
+        # keys[1] is now the least recently used; borrow keys[1] as well -> nothing evictable
+        res1 = b.try_borrow_threadsafe([keys[1]])
+        assert res1 is not None and res1[0] is not None
+        assert not await b.put(make_key("new"), random_tensor((MiB,), torch.uint8, seed=5))
+        assert await b.contains(keys[0]) and await b.contains(keys[1])
+        b.end_borrows([res[0][0], res1[0][0]])
+        assert await b.put(make_key("new"), random_tensor((MiB,), torch.uint8, seed=5))
+        await b.close()
+
+    run_async(body())

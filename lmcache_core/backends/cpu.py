@@ -149,7 +149,7 @@ class CPUBackend(BaseBackend):
 
     Options = CPUOptions
     capabilities = Capabilities(bounded=True, zero_copy=False)
-    interface_version = "1.0"  # the lmcache_core.interface version it implements
+    interface_version = "1.1"  # the lmcache_core.interface version it implements
     # Counters of stores made from other threads (try_batched_put_threadsafe), under _lock.
     _thread_puts = 0
     _thread_put_bytes = 0
@@ -576,6 +576,47 @@ class CPUBackend(BaseBackend):
                     self._thread_bytes += entry.nbytes
             results.append(True if ok else None)
         return results
+
+    # ------------------------------------------------------------------ borrows
+    def try_borrow_threadsafe(
+        self, keys: Sequence[CacheEngineKey]
+    ) -> list[tuple[object, torch.Tensor] | None] | None:
+        """Read-only views of the entries stored under ``keys``, each with a handle for
+        :meth:`end_borrows` (``None`` per key not stored); ``None`` overall when the
+        backend is not started. Safe from any thread.
+
+        A borrow references the entry like a reader does: it is neither evicted nor
+        recycled, and never overwritten in place (that needs no reader), until its borrow
+        ends; a put or remove of the key meanwhile replaces only the index entry. The
+        caller must not write into a view.
+        """
+        if self._state != "started":
+            return None
+        out: list[tuple[object, torch.Tensor] | None] = []
+        with self._lock:
+            get = self._entries.get
+            for key in keys:
+                entry = get(key) if isinstance(key, CacheEngineKey) else None
+                if entry is None:
+                    self._thread_misses += 1
+                    out.append(None)
+                    continue
+                self._entries.move_to_end(key)
+                entry.users += 1
+                self._thread_hits += 1
+                self._thread_bytes += entry.nbytes
+                out.append((entry, entry.view()))
+        return out
+
+    def end_borrows(self, handles: Sequence[object]) -> None:
+        """End borrows taken by :meth:`try_borrow_threadsafe` (all handles are checked
+        first: a foreign one raises ``TypeError`` with nothing ended)."""
+        for h in handles:
+            if not isinstance(h, _Entry):
+                raise TypeError(f"not a borrow handle of this backend: {h!r}")
+        with self._lock:
+            for h in handles:
+                self._unuse(h)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ thread-safe lookups
     def try_batched_contains_threadsafe(

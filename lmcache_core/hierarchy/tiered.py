@@ -66,6 +66,7 @@ from ..config.namespaces import namespace_label, namespace_warnings, resolve_nam
 from ..errors import ConfigError
 from ..interface import (
     EvictionEvents,
+    ThreadSafeBorrows,
     ThreadSafeContains,
     ThreadSafeLoads,
     ThreadSafePuts,
@@ -721,6 +722,46 @@ class TieredHierarchy(BaseBackend):
                 self._fast_hits += n_hit
                 self._fast_bytes += nbytes
         return out
+
+    # ------------------------------------------------------------------ borrows
+    def try_borrow_threadsafe(
+        self, keys: Sequence[CacheEngineKey]
+    ) -> list[tuple[object, torch.Tensor] | None] | None:
+        """Read-only views of ``keys``' chunks in the top tier, borrowed from the calling
+        thread (see :class:`~lmcache_core.interface.ThreadSafeBorrows`): per key
+        ``(handle, view)`` or ``None`` (not in the top tier); ``None`` overall when the
+        top tier cannot lend (no such capability, a load deadline, unhealthy, an error).
+        End every borrow with :meth:`end_borrows` after the last read of its view."""
+        if self._state != "started":
+            return None
+        top = self.tiers[0]
+        if (
+            not implements(top.backend, ThreadSafeBorrows)
+            or top.load_deadline is not None
+            or not top.health.usable()
+        ):
+            return None
+        try:
+            res = top.backend.try_borrow_threadsafe(keys)
+        except Exception:
+            return None  # the copying path will see (and count) the problem
+        if res is None:
+            return None
+        n_hit = sum(1 for r in res if r is not None)
+        if n_hit:
+            nbytes = sum(_nbytes(r[1]) for r in res if r is not None)
+            with self._fast_lock:
+                self._fast_hits += n_hit
+                self._fast_bytes += nbytes
+        return res
+
+    def end_borrows(self, handles: Sequence[object]) -> None:
+        """End borrows taken by :meth:`try_borrow_threadsafe`."""
+        if not handles:
+            return
+        top = self.tiers[0]
+        if implements(top.backend, ThreadSafeBorrows):
+            top.backend.end_borrows(handles)
 
     # ------------------------------------------------------------------ thread-safe lookups
     def try_batched_contains_threadsafe(

@@ -242,6 +242,35 @@ class BackendContract(_Base):
 
         self.run(body)
 
+    def test_borrowed_views_stay_intact_until_returned(self, backend_factory: Factory) -> None:
+        """Backends with ``ThreadSafeBorrows``: a borrowed view holds the stored bytes
+        while the key is overwritten (same size: the case an in-place copy would take)
+        and removed; an absent key borrows ``None``."""
+        from ..interface import ThreadSafeBorrows, implements
+
+        async def body() -> None:
+            b = await _started(backend_factory)
+            lender: object = b
+            try:
+                if not implements(lender, ThreadSafeBorrows):
+                    return
+                key = make_key("borrow")
+                v1, v2 = random_tensor((4096,), seed=1), random_tensor((4096,), seed=2)
+                assert await b.put(key, v1)
+                res = lender.try_borrow_threadsafe([key, make_key("borrow-absent")])
+                assert res is not None and res[1] is None and res[0] is not None
+                handle, view = res[0]
+                assert same_bits(view, v1)
+                assert await b.put(key, v2)
+                assert same_bits(await b.get(key), v2)
+                await b.remove(key)
+                assert same_bits(view, v1), "a borrowed view changed before its borrow ended"
+                lender.end_borrows([handle])
+            finally:
+                await b.close()
+
+        self.run(body)
+
     def test_batch_order_with_duplicates(self, backend_factory: Factory) -> None:
         async def body() -> None:
             b = await _started(backend_factory)

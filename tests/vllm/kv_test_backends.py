@@ -107,6 +107,20 @@ class FaultyCPUBackend(CPUBackend):
             return None
         return [False if self.control.fails(k) else r for k, r in zip(keys, res, strict=True)]
 
+    def try_borrow_threadsafe(
+        self, keys: Sequence[CacheEngineKey]
+    ) -> list[tuple[object, torch.Tensor] | None] | None:
+        res = super().try_borrow_threadsafe(keys)
+        if res is None:
+            return None
+        out: list[tuple[object, torch.Tensor] | None] = []
+        for k, r in zip(keys, res, strict=True):
+            if r is not None and self.control.fails(k):
+                self.end_borrows([r[0]])  # a listed chunk misses, as in the copying path
+                r = None
+            out.append(r)
+        return out
+
 
 @dataclass(frozen=True)
 class SlowDiskOptions(DiskOptions):

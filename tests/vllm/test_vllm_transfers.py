@@ -231,3 +231,37 @@ def test_a_background_load_releases_only_the_leases_its_lookup_took(tmp_path: Pa
         assert storage.release(other.pinned) == 0
     finally:
         storage.close()
+
+
+def test_sync_loads_borrow_from_the_memory_tier_and_listed_chunks_miss(setup: Any) -> None:
+    """The worker's synchronous loads copy straight out of the memory tier (a borrow): the
+    view is the stored chunk, it stays intact while borrowed even when the key is stored
+    again, a chunk the test tier fails is a miss there too, and every borrow ends."""
+    storage, copier, views, tmp_path = setup
+    src = torch.empty(copier.chunk_shape(2))
+    keys = [DB.make_key(200 + i) for i in range(3)]
+    for i, k in enumerate(keys):
+        copier.gather([2 * i, 2 * i + 1], src)
+        assert storage.put([k], [src]) == [True]
+    write_control(str(tmp_path / "control.json"), fail=[keys[2].chunk_hash_hex])
+    storage.hierarchy.tiers[0].backend.control.get()
+    borrowed = storage.borrow_from_memory([*keys, DB.make_key(999)])
+    assert borrowed is not None
+    assert [b is not None for b in borrowed] == [True, True, False, False]
+    first = borrowed[0]
+    assert first is not None
+    kept = first[1].clone()
+    assert torch.equal(kept[:, 0], torch.stack([v[0] for v in views]))
+    copier.gather([6, 7], src)  # another value under the same key, same size
+    assert storage.put([keys[0]], [src]) == [True]
+    assert torch.equal(first[1], kept)  # the borrowed bytes were not overwritten
+    dst_views = caches("cpu", "LBHNC")
+    dst = BlockCopier(dst_views, BLOCKS)
+    dst.scatter_from_host(first[1], [4, 5])
+    for layer in range(LAYERS):
+        assert torch.equal(dst_views[layer][4:6], views[layer][0:2])
+    cpu = storage.hierarchy.tiers[0].backend
+    assert cpu.stats()["entries"] >= 3
+    storage.end_borrows([b[0] for b in borrowed if b is not None])
+    # every reference ended: the replaced entry's memory went back to the pool
+    assert all(e.users == 0 for e in cpu._entries.values())

@@ -156,6 +156,19 @@ class Storage:
             return [False] * len(keys)
         return [bool(r) for r in res]
 
+    def borrow_from_memory(
+        self, keys: Sequence[CacheEngineKey]
+    ) -> list[tuple[object, Any] | None] | None:
+        """Read-only views of ``keys``' chunks in the first tier, from the calling thread
+        (``None`` per key not there; ``None`` overall when the tier cannot lend): the
+        caller copies straight out of the tier and must end every borrow with
+        :meth:`end_borrows` after its last read."""
+        return self.hierarchy.try_borrow_threadsafe(keys)
+
+    def end_borrows(self, handles: Sequence[object]) -> None:
+        """End borrows taken by :meth:`borrow_from_memory`."""
+        self.hierarchy.end_borrows(handles)
+
     # ------------------------------------------------------------------ blocking calls
     def lookup(self, keys: Sequence[CacheEngineKey], lease_s: float | None = None) -> Lookup:
         """How many leading ``keys`` some tier holds (pinned for ``lease_s`` when given).

@@ -332,6 +332,71 @@ class WorkerSide:
         assert self.copier is not None and self.storage is not None
         assert self._sync_buffers is not None
         keys = [self.db.make_key(ld.chunk_hash) for ld in loads]
+        c = self.counters
+        ok = self._load_borrowed(loads, keys)
+        if ok is None:
+            ok = self._load_staged(loads, keys)
+        bs = self.ctx.block_size
+        missing = []
+        for j, ld in enumerate(loads):
+            if ok[j]:
+                c.loaded_chunks += 1
+                c.loaded_tokens += len(ld.block_ids) * bs
+                c.loaded_bytes += len(ld.block_ids) * self.copier.block_nbytes
+                c.loaded_tokens_by_tier[self.storage.tier_names[0]] += len(ld.block_ids) * bs
+            else:
+                missing.append(ld.chunk_hash)
+        for ld in reversed(loads):  # the first chunk of a prompt is the most recently used
+            if ld.chunk_hash in self._offered:
+                self._offered.move_to_end(ld.chunk_hash)
+        if missing:
+            self._report.missing.setdefault(self.rank, []).extend(missing)
+        return ok
+
+    def _load_borrowed(
+        self, loads: list[ChunkLoad], keys: list[CacheEngineKey]
+    ) -> list[bool] | None:
+        """One copy per chunk: straight from the memory tier's stored tensor (borrowed:
+        it can be neither evicted nor overwritten until the borrow ends, after the copy)
+        into the request's blocks. ``None``: the tier cannot lend (the caller copies
+        through staging buffers). A chunk of another shape or dtype is a miss."""
+        assert self.copier is not None and self.storage is not None
+        c = self.counters
+        t1 = time.perf_counter()
+        borrowed = self.storage.borrow_from_memory(keys)
+        if borrowed is None:
+            return None
+        t2 = time.perf_counter()
+        ok = [False] * len(loads)
+        shape = self.copier.chunk_shape(self.ctx.blocks_per_chunk)
+        events = []
+        try:
+            for j, b in enumerate(borrowed):
+                if b is None:
+                    continue
+                view = b[1]
+                if view.dtype != self.copier.dtype or tuple(view.shape) != shape:
+                    continue  # foreign data: a miss
+                ld = loads[j]
+                n = len(ld.block_ids)
+                events.append(
+                    self.copier.scatter_from_host(view[:, ld.skip : ld.skip + n], ld.block_ids)
+                )
+                ok[j] = True
+            for e in events:  # the views are read until the copies are done
+                if e is not None:
+                    e.synchronize()
+        finally:
+            self.storage.end_borrows([b[0] for b in borrowed if b is not None])
+        c.read_seconds += t2 - t1  # the borrows (no copy)
+        c.scatter_seconds += time.perf_counter() - t2
+        return ok
+
+    def _load_staged(self, loads: list[ChunkLoad], keys: list[CacheEngineKey]) -> list[bool]:
+        """Two copies per chunk: from the memory tier into a staging buffer, then into the
+        request's blocks (tiers that cannot lend a view)."""
+        assert self.copier is not None and self.storage is not None
+        assert self._sync_buffers is not None
         ok = [False] * len(loads)
         c = self.counters
         events = []
@@ -364,21 +429,6 @@ class WorkerSide:
                 for buf in bufs:
                     self._sync_buffers.give(buf)
             i += len(bufs)
-        bs = self.ctx.block_size
-        missing = []
-        for j, ld in enumerate(loads):
-            if ok[j]:
-                c.loaded_chunks += 1
-                c.loaded_tokens += len(ld.block_ids) * bs
-                c.loaded_bytes += len(ld.block_ids) * self.copier.block_nbytes
-                c.loaded_tokens_by_tier[self.storage.tier_names[0]] += len(ld.block_ids) * bs
-            else:
-                missing.append(ld.chunk_hash)
-        for ld in reversed(loads):  # the first chunk of a prompt is the most recently used
-            if ld.chunk_hash in self._offered:
-                self._offered.move_to_end(ld.chunk_hash)
-        if missing:
-            self._report.missing.setdefault(self.rank, []).extend(missing)
         return ok
 
     def _agree(self, ok: list[bool]) -> list[bool]:
