@@ -35,7 +35,7 @@ SMALL: dict[str, list[str]] = {
     "bench_s3": ["--reps", "1", "--sizes", "4", "--concurrency", "1,4"],
     "bench_sync": ["--rounds", "3", "--block", "10"],
     "bench_token_db": [],
-    "bench_vllm": ["--prompts", "1", "--repeats", "1"],
+    "bench_vllm": ["--scenario", "hit", "--prompts", "1", "--pairs", "1"],
 }
 
 
