@@ -318,6 +318,7 @@ def _quality_run(
         ignore_eos=True,
         prompt_logprobs=0,
         skip_reading_prefix_cache=False,  # vLLM skips the cache for prompt logprobs otherwise
+        detokenize=False,  # vLLM would decode the -1 ids it reports for loaded positions
     )
     outs = llm.generate(toks, sp, use_tqdm=False)
     run: dict[str, Any] = {"hits": [], "logprobs": [], "tokens": []}
@@ -326,7 +327,7 @@ def _quality_run(
         scored = out.prompt_logprobs or []
         run["logprobs"].append(
             [
-                None if e is None else float(e[tok].logprob)
+                None if e is None or tok not in e else float(e[tok].logprob)
                 for tok, e in zip(p, scored, strict=False)
             ]
         )
