@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DuplicateBackendError, PluginError, UnknownCodecError
-from .registry import load_backend_class
+from .registry import install_hint, load_backend_class
 
 if TYPE_CHECKING:
     from ..codecs import KVCodec
@@ -29,7 +29,6 @@ __all__ = [
     "KNOWN_CODECS",
     "CodecRegistry",
     "CodecSpec",
-    "codec_install_hint",
     "codecs_for",
     "fill_codec_registry",
     "get_codec_registry",
@@ -45,11 +44,6 @@ KNOWN_CODECS: dict[str, str] = {
     "fp8": "lmcache-codec-quant",
     "cachegen": "lmcache-codec-cachegen",
 }
-
-
-def codec_install_hint(dist: str) -> str:
-    """The command that installs first-party codec distribution ``dist`` from a checkout."""
-    return f"pip install ./plugins/{dist} (in an lmcache-core checkout)"
 
 
 @dataclass
@@ -193,7 +187,7 @@ class CodecRegistry:
             for info in self.backend_registry.plugins:
                 if dist in (info.name, info.distribution) and info.status != "ok":
                     return msg + f"; {dist} is installed but its plugin did not load: {info.error}"
-        return msg + f"; the plugin {dist} provides it: {codec_install_hint(dist)}"
+        return msg + f"; the plugin {dist} provides it: {install_hint(dist)}"
 
     def _snapshot(self) -> dict[str, CodecSpec]:
         with self._lock:

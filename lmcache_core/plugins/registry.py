@@ -68,10 +68,12 @@ _MAX_NOTED_PLUGINS = 3
 
 def install_hint(dist: str) -> str:
     """The command that installs first-party distribution ``dist`` from a checkout of
-    lmcache-core (first-party backends live in ``backends/<dist>``)."""
+    lmcache-core (backends live in ``backends/<dist>``, other plugins such as codecs in
+    ``plugins/<dist>``)."""
     if dist == "lmcache-core":
         return "pip install -e . (in an lmcache-core checkout)"
-    return f"pip install ./backends/{dist} (in an lmcache-core checkout)"
+    folder = "backends" if dist.startswith("lmcache-backend-") else "plugins"
+    return f"pip install ./{folder}/{dist} (in an lmcache-core checkout)"
 
 
 class BackendLoadError(PluginError, ImportError):
