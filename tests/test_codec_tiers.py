@@ -272,3 +272,33 @@ def test_known_codecs_name_distributions_in_the_repository() -> None:
         assert (root / "plugins" / dist / "pyproject.toml").is_file(), dist
         spec = get_codec_registry().get(name)
         assert spec.provider == dist  # the plugin that registers it is the one named
+
+
+def test_a_coded_top_tier_serves_no_thread_loads_or_borrows(tmp_path: Path) -> None:
+    """Coded chunks are decoded by the tier on a thread: neither the copying fast path
+    nor the borrowing one may hand out the stored (encoded) bytes of a coded top tier."""
+    cfg = {
+        "namespace": NS,
+        "tiers": [
+            {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "64MiB"}, "codec": "int8"}
+        ],
+    }
+    x = kv_like((2, 2, 2, 32, 64))
+
+    async def go() -> tuple[Any, Any, bool, torch.Tensor]:
+        h = TieredHierarchy.from_config(cfg)
+        await h.start()
+        try:
+            assert await h.put(_key(1), x)
+            await h.flush()
+            lent = await asyncio.to_thread(h.try_borrow_threadsafe, [_key(1)])
+            out = torch.zeros_like(x)
+            copied = await asyncio.to_thread(h.try_batched_get_into_threadsafe, [_key(1)], [out])
+            hit = await h.get_into(_key(1), out)
+            return lent, copied, hit, out
+        finally:
+            await h.close()
+
+    lent, copied, hit, out = _run(go())
+    assert lent is None and copied is None
+    assert hit and (out - x).abs().max().item() < 0.1  # the async path decodes

@@ -679,6 +679,31 @@ class TieredHierarchy(BaseBackend):
         return removed
 
     # ------------------------------------------------------------------ fast path
+    def _top_for_thread_loads(self, capability: type[Any]) -> Tier | None:
+        """The top tier when it may serve loads from the calling thread through
+        ``capability`` (a declared protocol of :mod:`lmcache_core.interface`): started,
+        implementing it, without a codec (coded chunks are decoded on a thread, by the
+        tier), without a load deadline and healthy; else ``None`` (the async path)."""
+        if self._state != "started":
+            return None
+        top = self.tiers[0]
+        if (
+            not implements(top.backend, capability)
+            or top.codec is not None
+            or top.load_deadline is not None
+            or not top.health.usable()
+        ):
+            return None
+        return top
+
+    def _count_fast_hits(self, served: Sequence[torch.Tensor]) -> None:
+        """Count chunks served (copied or lent) from the calling thread."""
+        if served:
+            nbytes = sum(_nbytes(t) for t in served)
+            with self._fast_lock:
+                self._fast_hits += len(served)
+                self._fast_bytes += nbytes
+
     def try_get_into_threadsafe(self, key: CacheEngineKey, out: torch.Tensor) -> bool | None:
         """Serve a top-tier hit from the calling thread; ``None``: use the async path.
 
@@ -693,34 +718,17 @@ class TieredHierarchy(BaseBackend):
     ) -> list[bool | None] | None:
         """Per key: ``True`` when served from the top tier here, ``None`` when the async
         path must decide; ``None`` overall when nothing could be served."""
-        if self._state != "started":
-            return None
-        top = self.tiers[0]
-        fast = (
-            top.backend.try_batched_get_into_threadsafe
-            if implements(top.backend, ThreadSafeLoads)
-            else None
-        )
-        if (
-            fast is None
-            or top.codec is not None  # coded chunks are decoded on a thread, by the tier
-            or top.load_deadline is not None
-            or not top.health.usable()
-        ):
+        top = self._top_for_thread_loads(ThreadSafeLoads)
+        if top is None:
             return None
         try:
-            res = fast(keys, outs)
+            res = top.backend.try_batched_get_into_threadsafe(keys, outs)
         except Exception:
             return None  # the async path will see (and count) the problem
         if res is None:
             return None
         out: list[bool | None] = [True if r else None for r in res]
-        n_hit = sum(1 for r in res if r)
-        if n_hit:
-            nbytes = sum(_nbytes(o) for r, o in zip(res, outs, strict=True) if r)
-            with self._fast_lock:
-                self._fast_hits += n_hit
-                self._fast_bytes += nbytes
+        self._count_fast_hits([o for r, o in zip(res, outs, strict=True) if r])
         return out
 
     # ------------------------------------------------------------------ borrows
@@ -732,27 +740,18 @@ class TieredHierarchy(BaseBackend):
         ``(handle, view)`` or ``None`` (not in the top tier); ``None`` overall when the
         top tier cannot lend (no such capability, a load deadline, unhealthy, an error).
         End every borrow with :meth:`end_borrows` after the last read of its view."""
-        if self._state != "started":
-            return None
-        top = self.tiers[0]
-        if (
-            not implements(top.backend, ThreadSafeBorrows)
-            or top.load_deadline is not None
-            or not top.health.usable()
-        ):
+        top = self._top_for_thread_loads(ThreadSafeBorrows)
+        if top is None:
             return None
         try:
-            res = top.backend.try_borrow_threadsafe(keys)
+            res: list[tuple[object, torch.Tensor] | None] | None = (
+                top.backend.try_borrow_threadsafe(keys)
+            )
         except Exception:
             return None  # the copying path will see (and count) the problem
         if res is None:
             return None
-        n_hit = sum(1 for r in res if r is not None)
-        if n_hit:
-            nbytes = sum(_nbytes(r[1]) for r in res if r is not None)
-            with self._fast_lock:
-                self._fast_hits += n_hit
-                self._fast_bytes += nbytes
+        self._count_fast_hits([r[1] for r in res if r is not None])
         return res
 
     def end_borrows(self, handles: Sequence[object]) -> None:
