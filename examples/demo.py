@@ -59,19 +59,9 @@ SYSTEM = (
 
 
 def _model_spec() -> Any:
-    from lmcache_core.integrations.vllm.local_model import ModelSpec
+    from lmcache_core.integrations.vllm.local_model import DEMO_SPEC
 
-    return ModelSpec(
-        vocab_size=4096,
-        hidden_size=512,
-        intermediate_size=1536,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        max_position_embeddings=8192,
-        seed=0,
-        head_scale=12.0,
-    )
+    return DEMO_SPEC
 
 
 def _workload(n_docs: int, n_questions: int, doc_words: int, vocab: int) -> list[dict[str, Any]]:
