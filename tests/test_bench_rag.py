@@ -76,7 +76,7 @@ def test_tier_bytes_hold_exactly_that_many_chunks_and_the_configs_load() -> None
         loaded = load_config(cfg)
         assert (loaded.placement is None or loaded.placement.policy == "lru") == (policy == "lru")
 
-        async def body() -> int:
+        async def body(loaded: object = loaded) -> int:
             async with TieredHierarchy(loaded) as h:
                 keys = [make_key(f"t{i}") for i in range(7)]
                 await h.lookup_prefix(keys)

@@ -186,11 +186,12 @@ class RunResult:
 
     @property
     def ttft_mean_s(self) -> float:
-        return statistics.mean(r["ttft_s"] for r in self.results)
+        return float(statistics.mean(float(r["ttft_s"]) for r in self.results))
 
     @property
     def seconds_per_1k(self) -> float:
-        return 1000.0 * sum(r["ttft_s"] for r in self.results) / max(self.prompt_tokens, 1)
+        total = sum(float(r["ttft_s"]) for r in self.results)
+        return 1000.0 * total / max(self.prompt_tokens, 1)
 
     def tier_stat(self, name: str) -> int | None:
         vals = [
@@ -271,10 +272,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.predict_only:
         cost = {"tokens_per_s": args.tokens_per_s, "attn_tokens": args.attn_tokens}
-        rows = []
+        rows: list[dict[str, Any]] = []
         for frac, n in caps:
-            pred = {p: predict(work, p, n, chunk_bytes, cost) for p in policies}
-            rows.append({"capacity_fraction": frac, "chunks": n, "predicted_tokens_saved": pred})
+            guess = {p: predict(work, p, n, chunk_bytes, cost) for p in policies}
+            rows.append({"capacity_fraction": frac, "chunks": n, "predicted_tokens_saved": guess})
         if wants_json(args):
             print_json({"workload": work.params(), "working_set_chunks": ws, "rows": rows})
         else:
@@ -304,7 +305,12 @@ def run(args: argparse.Namespace) -> int:
         "margin": args.margin,
         "max_attempts": 8,
     }
-    log = (lambda *a: None) if wants_json(args) else (lambda *a: print(*a, flush=True))
+    quiet = wants_json(args)
+
+    def log(text: str) -> None:
+        if not quiet:
+            print(text, flush=True)
+
     log(head)
     log("run 1: without the connector (reference, margin selection) ...")
     raw = _run_engine({**base_spec, "storage": None, "reselect": True}, tmp, "none")

@@ -78,6 +78,7 @@ def _one(llm: Any, prompt: list[int], sp: Any) -> dict[str, Any]:
 def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
     """Serve ``spec``'s workload once (see the module docstring); the results."""
     from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
 
     from .bench_rag import RagWorkload
 
@@ -111,7 +112,8 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
     sp = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, ignore_eos=True, logprobs=2)
     # warm-up: shorter than a chunk, so nothing is stored
     for n in (17, work.chunk_tokens - 1):
-        llm.generate([{"prompt_token_ids": list(range(4, 4 + n))}], sp, use_tqdm=False)
+        warm = TokensPrompt(prompt_token_ids=list(range(4, 4 + n)))
+        llm.generate([warm], sp, use_tqdm=False)
     results = []
     for i, _ in enumerate(work.requests):
         results.append(_one(llm, work.tokens(i, attempts[i]), sp))
