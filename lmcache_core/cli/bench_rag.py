@@ -55,8 +55,8 @@ MARGIN = 1e-2
 class RagWorkload:
     """The RAG requests, as chunk groups (for the simulator) and token ids (for vLLM)."""
 
-    n_requests: int = 300
-    n_docs: int = 60
+    n_requests: int = 200
+    n_docs: int = 40
     alpha: float = 0.8
     seed: int = 0
     chunk_tokens: int = 64
@@ -506,8 +506,8 @@ def add_rag_arguments(ap: Any) -> None:
     """The arguments of ``lmcache-core bench rag``."""
     from .main import add_output_flags
 
-    ap.add_argument("--requests", type=int, default=300, help="requests (default 300)")
-    ap.add_argument("--docs", type=int, default=60, help="documents in the pool (default 60)")
+    ap.add_argument("--requests", type=int, default=200, help="requests (default 200)")
+    ap.add_argument("--docs", type=int, default=40, help="documents in the pool (default 40)")
     ap.add_argument("--alpha", type=float, default=0.8, help="Zipf exponent (default 0.8)")
     ap.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     ap.add_argument("--chunk-tokens", type=int, default=64, help="tokens per chunk (default 64)")
