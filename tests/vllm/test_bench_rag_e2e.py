@@ -38,4 +38,4 @@ def test_bench_rag_tiny(
     saved = row["prefill_tokens_saved"]
     assert saved > 0 and saved == row["connector_hit_tokens"]
     assert row["prefill_tokens_computed"] == row["prompt_tokens"] - saved
-    assert abs(saved - row["predicted_tokens_saved"]) <= 2 * 64, row
+    assert abs(saved - row["predicted_tokens_saved"]) <= 2 * 32, row
