@@ -144,7 +144,7 @@ class ReplayPolicy:
 
 
 async def replay_hierarchy(
-    reqs: list[list[Any]], policy: str, cap_chunks: int, registry: Any
+    reqs: list[list[Any]], policy: str, cap_chunks: int, registry: Any, nbytes: int = 65536
 ) -> tuple[float, int]:
     """Seconds to push the requests' keys through a real hierarchy whose tier runs the
     registered ``policy``, and the chunks the lookups found."""
@@ -154,7 +154,6 @@ async def replay_hierarchy(
     from lmcache_core.backends.host_buffers import ENTRY_OVERHEAD
     from lmcache_core.config import load_config
 
-    nbytes = 256
     cfg = load_config(
         {
             "tiers": [
@@ -216,7 +215,7 @@ def main_hierarchy(
     ]
 
     def run(name: str, part: list[list[Any]]) -> tuple[float, int]:
-        return asyncio.run(replay_hierarchy(part, name, cap_chunks, registry))
+        return asyncio.run(replay_hierarchy(part, name, cap_chunks, registry, args.chunk_bytes))
 
     # the decisions each policy makes on this stream (recorded once, untimed)
     expected = {p: run(f"rec-{p}", reqs)[1] for p in policies}
@@ -272,6 +271,13 @@ def main() -> int:
     ap.add_argument("--policies", default="lru,arc,s3fifo,cost")
     ap.add_argument(
         "--hierarchy", action="store_true", help="the real lookup/store path (see the docstring)"
+    )
+    ap.add_argument(
+        "--chunk-bytes",
+        type=int,
+        default=65536,
+        help="--hierarchy: bytes per stored chunk (default 64 KiB; the cpu tier also "
+        "charges 1 KiB per entry, which the policy does not see)",
     )
     args = ap.parse_args()
     trace = rag_trace(n_requests=args.chunks // 4 + 100, alpha=0.8)
