@@ -35,10 +35,12 @@ import argparse
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -216,7 +218,7 @@ def _run_engine(spec: dict[str, Any], tmp: Path, name: str) -> dict[str, Any]:
     spec_path.write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
     with open(log_path, "w") as log:
-        rc = subprocess.run(
+        proc = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -227,7 +229,13 @@ def _run_engine(spec: dict[str, Any], tmp: Path, name: str) -> dict[str, Any]:
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
-        ).returncode
+        )
+        try:
+            rc = proc.wait()
+        finally:  # interrupted (Ctrl-C, SIGTERM): the engine goes too
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     if rc != 0 or not out_path.exists():
         tail = log_path.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"engine run {name!r} failed (exit {rc}); log tail:\n{tail}")
@@ -294,6 +302,27 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
         return 0
+
+    if threading.current_thread() is not threading.main_thread():
+        return _run_engines(args, work, caps, policies, model, chunk_bytes, head)
+    # a SIGTERM (e.g. from timeout) unwinds, so that the running engine is ended too
+    before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return _run_engines(args, work, caps, policies, model, chunk_bytes, head)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _run_engines(
+    args: argparse.Namespace,
+    work: RagWorkload,
+    caps: list[tuple[float, int]],
+    policies: list[str],
+    model: str,
+    chunk_bytes: int,
+    head: str,
+) -> int:
+    from .main import wants_json
 
     tmp = Path(args.workdir or tempfile.mkdtemp(prefix="lmcache-bench-rag-"))
     tmp.mkdir(parents=True, exist_ok=True)
