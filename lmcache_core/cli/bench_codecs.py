@@ -8,6 +8,10 @@ decode throughput (GB/s of raw KV) and their ratio to a plain single-threaded me
 of the same chunks measured in the same run (medians of interleaved rounds; the copy is
 measured twice, and the spread of its two medians is the A/A noise beside every ratio);
 and the max / mean absolute error of the decoded KV against the original.
+
+With ``--model`` it also measures answer quality with decoded KV through vLLM
+(:mod:`lmcache_core.cli.codec_quality`: held-out perplexity of positions computed on top
+of a prefix loaded through each lossy codec, and greedy agreement, against an exact run).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ DEFAULT_CODECS: list[tuple[str, dict[str, Any]]] = [
     ("fp8", {}),
     ("cachegen", {}),
     ("cachegen", {"entropy": "range"}),
+    ("cachegen", {"bits": [8, 7, 6]}),
     ("cachegen", {"bits": [6, 5, 4]}),
 ]
 

@@ -113,10 +113,11 @@ def _worker_stats() -> dict[str, Any]:
     )
     out: dict[str, Any] = {k: st.get(k) for k in keep}
     for t in st.get("tiers", []):
+        for k in ("hits", "misses", "stores", "store_failures", "dropped_stores", "errors"):
+            out[f"tier_{k}"] = t.get(k)
         codec = t.get("codec") or {}
         out["decode_errors"] = codec.get("decode_errors", 0)
         out["encode_errors"] = codec.get("encode_errors", 0)
-        out["dropped_stores"] = t.get("dropped_stores")
     return out
 
 
