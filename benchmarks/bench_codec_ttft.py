@@ -92,7 +92,12 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         kv_transfer_config={
             "kv_connector": "LMCacheCoreConnector",
             "kv_role": "kv_both",
-            "kv_connector_extra_config": {"config": {"chunk_size": spec["chunk"], "tiers": [tier]}},
+            "kv_connector_extra_config": {
+                "config": {"chunk_size": spec["chunk"], "tiers": [tier]},
+                # one request at a time: a lookup on a busy shared machine may pass the
+                # default 20 ms and turn the hit into a miss, which this run refuses
+                "lookup_deadline_ms": 1000.0,
+            },
         },
     )
     sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)

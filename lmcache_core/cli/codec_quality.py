@@ -73,6 +73,28 @@ def quality_prompts(
 
 
 # ---------------------------------------------------------------------------- engine runs
+#: Lookup and load deadlines of the quality runs (see :func:`engine_run`).
+LOOKUP_DEADLINE_MS = 120_000.0
+
+
+def _scheduler_stats(llm: Any) -> dict[str, Any]:
+    """The connector's scheduler-side counters that explain a short hit (in-process
+    engine); empty when vLLM's internals are not where this vLLM keeps them."""
+    try:
+        side = llm.llm_engine.engine_core.engine_core.scheduler.connector._scheduler
+        st = side.stats()
+    except AttributeError:
+        return {}
+    keep = (
+        "hit_tokens",
+        "lookup_deadline_misses",
+        "lookup_errors",
+        "load_failures",
+        "failed_chunks",
+    )
+    return {k: st.get(k) for k in keep}
+
+
 def _connector_worker() -> Any:
     """The worker side of this process's connector (the engine runs in this process)."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
@@ -152,7 +174,14 @@ def engine_run(
         kv_transfer_config={
             "kv_connector": "LMCacheCoreConnector",
             "kv_role": "kv_both",
-            "kv_connector_extra_config": {"config": {"chunk_size": chunk, "tiers": [tier]}},
+            "kv_connector_extra_config": {
+                "config": {"chunk_size": chunk, "tiers": [tier]},
+                # every prompt is submitted at once: on a busy machine a lookup queued
+                # behind the others' loads can pass the default 20 ms deadline and make
+                # its prompt a miss (measured: docs/codecs.md); quality needs every hit
+                "lookup_deadline_ms": LOOKUP_DEADLINE_MS,
+                "load_deadline_s": LOOKUP_DEADLINE_MS / 1000,
+            },
         },
     )
     try:
@@ -161,7 +190,7 @@ def engine_run(
         left = wait_saves()
         if left:
             raise RuntimeError(f"{label}: {left} chunk stores still pending after 120 s")
-        stored = _worker_stats()
+        stored = {**_worker_stats(), **_scheduler_stats(llm)}
         sp = SamplingParams(
             max_tokens=gen_tokens,
             temperature=0.0,
@@ -184,7 +213,10 @@ def engine_run(
             )
             run.tokens.append(list(out.outputs[0].token_ids))
         wait_saves()
-        run.stats = {"after_store": stored, "after_score": _worker_stats()}
+        run.stats = {
+            "after_store": stored,
+            "after_score": {**_worker_stats(), **_scheduler_stats(llm)},
+        }
     finally:
         llm.llm_engine.engine_core.shutdown()
         del llm
@@ -228,7 +260,14 @@ def measure_quality(
             chunk,
             gen_tokens,
         )
-    return score_runs(runs, prefix_tokens), runs
+    try:
+        return score_runs(runs, prefix_tokens), runs
+    except RuntimeError:
+        import sys
+
+        for run in runs.values():  # what the refused runs saw, for the report
+            print(f"{run.label}: hit tokens {run.hits}; connector {run.stats}", file=sys.stderr)
+        raise
 
 
 # ---------------------------------------------------------------------------- scoring
