@@ -9,7 +9,8 @@ are scored (vLLM's prompt logprobs of the prompt's own tokens: held-out perplexi
 
 One engine per codec (in this process, one after the other), each with a disk-only tier
 coded by that codec; the first engine's tier has no codec (``exact``: the loaded KV is
-the computed KV, bit for bit). Requests set ``skip_reading_prefix_cache=False`` (vLLM
+the computed KV, bit for bit), and a second exact engine on its own tier (``exact A/A``)
+shows what two identical set-ups differ by. Requests set ``skip_reading_prefix_cache=False`` (vLLM
 skips the cache when prompt logprobs are asked otherwise) and every prompt must report
 hit tokens (> 0), or the run is refused: a run that loads nothing measures nothing.
 
@@ -232,9 +233,12 @@ def measure_quality(
     prefix_tokens: int,
     chunk: int = 128,
     gen_tokens: int = 16,
+    aa: bool = True,
 ) -> tuple[list[dict[str, Any]], dict[str, QualityRun]]:
     """Score ``exact`` (no codec) and each codec of ``codecs`` (see the module
-    docstring); returns :func:`score_runs`'s rows and the runs."""
+    docstring); returns :func:`score_runs`'s rows and the runs. With ``aa``, a second
+    exact run (``exact A/A``, its own tier) shows what the comparison gives between two
+    identical set-ups."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -248,6 +252,17 @@ def measure_quality(
     runs = {
         "exact": engine_run(model, prompts, prefix_tokens, root, "exact", None, chunk, gen_tokens)
     }
+    if aa:  # the same again in a fresh tier: the noise floor of every comparison
+        runs["exact A/A"] = engine_run(
+            model,
+            prompts,
+            prefix_tokens,
+            root.with_name("quality-tier-aa"),
+            "exact A/A",
+            None,
+            chunk,
+            gen_tokens,
+        )
     for name, opts in codecs:
         label = codec_label(name, opts)
         runs[label] = engine_run(
@@ -368,7 +383,8 @@ def format_quality(
     ]
     for r in rows:
         lo, hi = r["perplexity_change_ci95"]
-        err = errors.get(r["codec"], (0.0, 0.0) if r["codec"] == "exact" else (math.nan, math.nan))
+        exact = r["codec"].startswith("exact")
+        err = errors.get(r["codec"], (0.0, 0.0) if exact else (math.nan, math.nan))
         lines.append(
             f"| `{r['codec']}` | {r['hit_tokens_mean']:.0f} ({r['hit_tokens_min']}) | "
             f"{r['perplexity']:.3f} | {r['perplexity_change']:+.2%} ({lo:+.2%}, {hi:+.2%}) | "
