@@ -89,6 +89,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         max_model_len=spec["max_model_len"],
         block_size=spec["chunk"],
         enable_prefix_caching=False,
+        disable_log_stats=False,  # per-request metrics: first_token_latency
         kv_transfer_config={
             "kv_connector": "LMCacheCoreConnector",
             "kv_role": "kv_both",
