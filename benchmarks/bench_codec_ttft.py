@@ -258,8 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(f"{v}: {res['hit_tokens']} hit tokens, expected {want}")
                 rows[v].append(res)
             print(f"# round {r + 1}/{args.rounds} done", flush=True)
-        if args.json:
-            Path(args.json).write_text(json.dumps(rows, indent=1))
+            if args.json:  # after every round: a cut-short run keeps what it measured
+                Path(args.json).write_text(json.dumps({"sizes": sizes, "rows": rows}, indent=1))
     cold = [x["ttft_s"] for x in rows["cold"]]
     aa = [b["ttft_s"] / a["ttft_s"] for a, b in zip(rows["cold"], rows["cold-aa"], strict=True)]
     print(
