@@ -134,7 +134,11 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         res["read_bytes"] = _read_bytes() - before[0]
         res["coded_bytes_read"] = codec_read() - before[1]
         res["loaded_bytes"] = loaded() - before[2]
-        res["failed_chunks"] = int(worker.stats()["failed_chunks"]) if worker else 0
+        st = worker.stats() if worker else {}
+        res["failed_chunks"] = int(st.get("failed_chunks", 0))
+        # where a load's time went (cumulative over the process: the warm-up loaded nothing)
+        res["load_breakdown_s"] = st.get("load_breakdown_seconds", {})
+        res["async_load_throughput"] = st.get("async_load_throughput", [])[-1:]
     llm.llm_engine.engine_core.shutdown()
     return res
 
