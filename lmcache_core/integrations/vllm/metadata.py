@@ -61,7 +61,10 @@ class StepMetadata(KVConnectorMetadata):
     rank, chunks the scheduler no longer offers (their pins end after this step's
     loads); ``finish_after_save`` names finished requests whose blocks vLLM keeps until
     the workers have gathered their saves; ``reset`` orders every worker to clear its
-    private tiers before any load of the step.
+    private tiers before any load of the step. ``chains`` (only with a placement
+    policy configured) holds, per request scheduled for the first time, the hashes of
+    its prompt's full chunks in order: the workers tell their hierarchy's policies
+    (``observe_prefix``), which would otherwise see neither the misses nor the chain.
     """
 
     step: int = 0
@@ -75,6 +78,7 @@ class StepMetadata(KVConnectorMetadata):
     preempted: list[str] = field(default_factory=list)
     #: ``reset_cache`` was called: clear the private tiers before this step's loads
     reset: bool = False
+    chains: list[list[int]] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         return not (
@@ -85,6 +89,7 @@ class StepMetadata(KVConnectorMetadata):
             or self.failed_blocks
             or self.release
             or self.finish_after_save
+            or self.chains
         )
 
 

@@ -269,6 +269,13 @@ class WorkerSide:
 
     def start_load(self, meta: StepMetadata) -> None:
         self._begin(meta)
+        if meta.chains and self.storage is not None and self.db is not None:
+            observe = self.storage.hierarchy.observe_prefix
+            try:
+                for hashes in meta.chains:
+                    observe([self.db.make_key(h) for h in hashes])
+            except Exception:  # a policy's failure must not fail the step
+                log.exception("LMCacheCoreConnector: placement policy failed to observe")
         if meta.failed_blocks:
             self._errors.update(meta.failed_blocks)
             for b in meta.failed_blocks:
