@@ -133,6 +133,34 @@ def test_background_load_scatters_when_done_and_fails_past_its_deadline(setup: A
     _wait(lambda: buffers.in_use == 0, timeout=5)
 
 
+def test_an_idle_step_waits_for_background_loads_to_progress_not_longer(setup: Any) -> None:
+    storage, copier, _views, tmp_path = setup
+    src = torch.empty(copier.chunk_shape(2))
+    copier.gather([0, 1], src)
+    assert storage.put([DB.make_key(300)], [src]) == [True]
+    storage.hierarchy.tiers[0].backend.control.get()
+    loads = AsyncLoads(
+        storage,
+        ChunkBuffers(copier.chunk_shape(2), torch.float32, max_buffers=2),
+        BlockCopier(caches("cpu", "LBHNC"), BLOCKS),
+        deadline_s=5.0,
+        block_nbytes=1,
+    )
+    t0 = time.perf_counter()
+    loads.wait_progress(1.0)  # no load running: no wait
+    assert time.perf_counter() - t0 < 0.5
+    write_control(str(tmp_path / "control.json"), get_delay_s=0.3)
+    storage.hierarchy.tiers[0].backend.control.get()
+    loads.start("r", [ChunkLoad("r", 0, 300, 0, [2, 3])], [DB.make_key(300)])
+    _wait(lambda: loads.poll() is not None and loads.pending_fetches() == 1)
+    t0 = time.perf_counter()
+    loads.wait_progress(0.05)  # the fetch takes 0.3 s: the wait ends at its bound
+    assert 0.04 < time.perf_counter() - t0 < 0.29
+    loads.wait_progress(5.0)  # woken by the fetch finishing, not by the bound
+    assert time.perf_counter() - t0 < 3.0
+    assert "r" in loads.poll().finished
+
+
 def test_background_lookup_answers_later_and_gives_up_at_its_deadline(setup: Any) -> None:
     storage, copier, _, tmp_path = setup
     src = torch.empty(copier.chunk_shape(2))

@@ -61,7 +61,9 @@ class StepMetadata(KVConnectorMetadata):
     rank, chunks the scheduler no longer offers (their pins end after this step's
     loads); ``finish_after_save`` names finished requests whose blocks vLLM keeps until
     the workers have gathered their saves; ``reset`` orders every worker to clear its
-    private tiers before any load of the step.
+    private tiers before any load of the step; ``idle`` says the step computes nothing
+    (vLLM steps back to back while a request waits for its KV: a worker with background
+    loads running may then wait for them instead of returning at once).
     """
 
     step: int = 0
@@ -75,6 +77,8 @@ class StepMetadata(KVConnectorMetadata):
     preempted: list[str] = field(default_factory=list)
     #: ``reset_cache`` was called: clear the private tiers before this step's loads
     reset: bool = False
+    #: the step schedules no tokens (nothing waits on the worker but its own loads)
+    idle: bool = False
 
     def is_empty(self) -> bool:
         return not (

@@ -49,6 +49,11 @@ OFFERED_FRACTION = 0.75
 WITHDRAW_WINDOW = 4
 #: Tier health goes into vLLM's statistics when it changes, and at least this often.
 HEALTH_EVERY_S = 5.0
+#: In a step that computes nothing while background loads run, ``get_finished`` waits up
+#: to this long for one of them to progress: vLLM steps back to back while requests wait
+#: for their KV, and that loop would otherwise hold a core the reads and copies need
+#: (a request arriving meanwhile starts at most this much later).
+IDLE_WAIT_S = 0.005
 
 
 @dataclass
@@ -92,6 +97,7 @@ class WorkerSide:
         self._reported_disabled = False
         self._dirty = False
         self._step = -1
+        self._idle = False  # the current step computes nothing
         self._evicted: list[int] = []
         self._fail_policy = ctx.failure_policy != "recompute"
         self._report_stored = True
@@ -269,6 +275,7 @@ class WorkerSide:
 
     def start_load(self, meta: StepMetadata) -> None:
         self._begin(meta)
+        self._idle = meta.idle
         if meta.failed_blocks:
             self._errors.update(meta.failed_blocks)
             for b in meta.failed_blocks:
@@ -473,6 +480,9 @@ class WorkerSide:
         if self.loads is not None:
             if finished_req_ids:
                 self.loads.cancel(finished_req_ids)
+            elif self._idle:
+                self.loads.wait_progress(IDLE_WAIT_S)
+            self._idle = False
             out = self.loads.poll()
             recving = out.finished
             if out.failed_blocks:
@@ -679,6 +689,7 @@ class WorkerSide:
                 "read": round(c.read_seconds, 6),
                 "scatter": round(c.scatter_seconds, 6),
                 "async_scatter": round(ld.scatter_seconds, 6) if ld is not None else 0.0,
+                "async_idle_wait": round(ld.idle_wait_seconds, 6) if ld is not None else 0.0,
             },
             "save_breakdown_seconds": {
                 "gather": round(sv.gather_seconds, 6) if sv is not None else 0.0,
