@@ -87,8 +87,15 @@ def _ttft(llm: Any, p: list[int], max_tokens: int = 1) -> tuple[float, int]:
 
 def _child_hit(spec: dict[str, Any]) -> dict[str, Any]:
     llm = _llm(spec)
+    timer = None
+    if spec.get("in_process"):  # the connector's time on the engine thread, per hit
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+        sched = llm.llm_engine.engine_core.engine_core.scheduler.connector
+        timer = _HookTimer(sched, get_kv_transfer_group())
     _ttft(llm, list(range(4, 300)))
     rows: dict[str, list[Any]] = {"cold": [], "vllm": [], "connector": [], "vllm_aa": []}
+    hooks: dict[str, list[float]] = {k: [] for k in rows}
     rng = random.Random(5)
     for p in _prompts(spec, spec["prompts"], spec["tokens"], 7):
         rows["cold"].append(_ttft(llm, p))
@@ -105,9 +112,12 @@ def _child_hit(spec: dict[str, Any]) -> dict[str, Any]:
             for what in order:
                 if what == "connector":
                     llm.reset_prefix_cache()
+                h0 = timer.seconds if timer is not None else 0.0
                 rows[what].append(_ttft(llm, p))
+                if timer is not None:
+                    hooks[what].append(timer.seconds - h0)
     llm.llm_engine.engine_core.shutdown()
-    return rows
+    return {**rows, "hooks": hooks} if timer is not None else rows
 
 
 def _drop_page_cache(root: str) -> int:
@@ -538,8 +548,10 @@ def scenario_hit(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> N
         "tokens": args.tokens,
         "prompts": args.prompts,
         "pairs": args.pairs,
+        "in_process": args.hit_in_process,
     }
-    rows = _run_child("hit", spec, tmp)
+    rows = _run_child("hit", spec, tmp, in_process=args.hit_in_process)
+    hooks = rows.pop("hooks", None)
     ratios = [c[0] / v[0] for c, v in zip(rows["connector"], rows["vllm"], strict=True)]
     aa = [a[0] / v[0] for a, v in zip(rows["vllm_aa"], rows["vllm"], strict=True)]
     med = {k: statistics.median(t for t, _ in v) for k, v in rows.items()}
@@ -556,13 +568,18 @@ def scenario_hit(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> N
         print(f"  {label:<22} TTFT median {med[key] * 1e3:8.1f} ms   cached tokens {cached}")
     print(f"  connector / vLLM hit, per-pair ratios: {_verdict(ratios, aa, 1.2)}")
     _print_load_breakdown(tmp / "stats-hit", len(rows["connector"]))
+    if hooks:
+        print(
+            "  connector hooks on the engine thread per measurement (median): "
+            + ", ".join(f"{k} {statistics.median(v) * 1e3:.2f} ms" for k, v in hooks.items() if v)
+        )
     print(f"  cold / connector: {med['cold'] / med['connector']:.1f}x")
 
 
 def scenario_disk(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> None:
     versions: list[tuple[str, str | None]] = [("this tree", None)]
-    if args.ref:
-        versions.append((f"--ref {args.ref}", str(Path(args.ref).resolve())))
+    for ref in args.ref or ():
+        versions.append((f"--ref {ref}", str(Path(ref).resolve())))
     results: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in versions}
     # Engine processes of each version alternate (--disk-runs each), each on its own tier.
     for run in range(args.disk_runs):
@@ -867,6 +884,12 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=25)
     ap.add_argument("--chunk-size", type=int, default=256)
     ap.add_argument("--tier", choices=("cpu", "disk"), default="cpu", help="hit scenario's tier")
+    ap.add_argument(
+        "--hit-in-process",
+        action="store_true",
+        help="hit: scheduler and worker in the driver process; also prints the connector's "
+        "time on the engine thread per measurement",
+    )
     ap.add_argument("--disk-chunks", type=int, default=16)
     ap.add_argument("--disk-reps", type=int, default=5)
     ap.add_argument(
@@ -881,8 +904,9 @@ def main() -> int:
     ap.add_argument(
         "--ref",
         metavar="DIR",
-        help="disk: also run the worker of another version: PYTHONPATH=DIR for its engines "
-        "(DIR/lmcache_core and DIR/lmcache_backend_disk, e.g. from git archive)",
+        action="append",
+        help="disk: also run the worker of another version (repeatable): PYTHONPATH=DIR for "
+        "its engines (DIR/lmcache_core and DIR/lmcache_backend_disk, e.g. from git archive)",
     )
     ap.add_argument(
         "--disk-in-process",
