@@ -293,3 +293,30 @@ def test_sync_loads_borrow_from_the_memory_tier_and_listed_chunks_miss(setup: An
     storage.end_borrows([b[0] for b in borrowed if b is not None])
     # every reference ended: the replaced entry's memory went back to the pool
     assert all(e.users == 0 for e in cpu._entries.values())
+
+
+def test_copy_threads_run_below_the_process_priority_and_the_io_loop_does_not(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+    import os
+    import threading
+
+    from lmcache_core.integrations.vllm.storage import COPY_THREAD_PREFIX
+
+    def nice() -> tuple[str, int]:
+        me = threading.current_thread()
+        return me.name, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    async def both() -> tuple[tuple[str, int], tuple[str, int]]:
+        return nice(), await asyncio.to_thread(nice)
+
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    cfg = load_config({"chunk_size": 32, "tiers": [{"name": "cpu", "backend": "cpu"}]})
+    storage = Storage(cfg, NS, copy_nice=5)
+    try:
+        (_, loop_nice), (copy_name, copy_nice) = storage.sync.io.run(both())
+    finally:
+        storage.close()
+    assert loop_nice == base
+    assert copy_name.startswith(COPY_THREAD_PREFIX) and copy_nice == min(19, base + 5)

@@ -115,6 +115,9 @@ class AsyncLoads:
         self._observations: list[tuple[str, int, float]] = []
         #: set by every finished fetch and lookup; cleared by :meth:`poll`
         self._progress = threading.Event()
+        self._scatter_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix="lmcache-scatter"
+        )
         self.idle_wait_seconds = 0.0
 
     @property
@@ -198,7 +201,9 @@ class AsyncLoads:
     async def _fetch(self, job: _Job, i: int, buf: torch.Tensor) -> bool:
         if not await self.storage.hierarchy.get_into(job.keys[i], buf):
             return False
-        return await asyncio.to_thread(self._scatter, job, i, buf)
+        # (its own threads: the IO loop's default pool may run at a lower priority)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._scatter_pool, self._scatter, job, i, buf)
 
     def _scatter(self, job: _Job, i: int, buf: torch.Tensor) -> bool:
         """Copy a fetched chunk into the request's blocks, unless the load is over."""
@@ -326,6 +331,7 @@ class AsyncLoads:
             else:
                 self.storage.release_soon(job.pinned)
         self._jobs.clear()
+        self._scatter_pool.shutdown(wait=False)
 
     def pending_fetches(self) -> Any:
         """Fetches still running (tests)."""

@@ -162,7 +162,7 @@ class WorkerSide:
         config = ctx.storage_config
         if not ctx.is_writer(self.rank):
             config, self._saves_off = replica_storage_config(config)
-        self.storage = Storage(config, ctx.namespace)
+        self.storage = Storage(config, ctx.namespace, copy_nice=ctx.settings.options.copy_nice)
         self._open_transfers()
         copier, storage = self.copier, self.storage
         log.info(
