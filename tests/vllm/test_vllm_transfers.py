@@ -320,3 +320,31 @@ def test_copy_threads_run_below_the_process_priority_and_the_io_loop_does_not(
         storage.close()
     assert loop_nice == base
     assert copy_name.startswith(COPY_THREAD_PREFIX) and copy_nice == min(19, base + 5)
+
+
+def test_layer_copies_fill_each_layer_before_its_wait_returns_and_end_with_the_callback() -> None:
+    import threading
+
+    from lmcache_core.integrations.vllm.layer_copy import LayerCopies
+
+    src_views = caches("cpu", "LBHNC")
+    fill(src_views, 5)
+    src = torch.empty(BlockCopier(src_views, BLOCKS).chunk_shape(2))
+    BlockCopier(src_views, BLOCKS).gather([0, 1], src)
+    dst_views = caches("cpu", "LBHNC")
+    names = [f"layer{i}" for i in range(LAYERS)]
+    copies = LayerCopies(names)
+    per_layer = []
+    for layer, dst in enumerate(dst_views):
+        seg = LayerCopies.segment(dst[4:6], src[layer, 0:2])
+        assert seg is not None
+        per_layer.append([seg])
+    assert LayerCopies.segment(dst_views[0][4:6], src[0, 0:1]) is None  # shapes differ
+    ended = threading.Event()
+    copies.start(per_layer, ended.set)
+    for layer, name in enumerate(names):
+        copies.wait_layer(name)
+        assert torch.equal(dst_views[layer][4:6], src_views[layer][0:2])
+    copies.wait_all()
+    assert ended.is_set()
+    copies.close()

@@ -109,6 +109,11 @@ class ConnectorOptions:
         minimum=1,
         doc="Chunks the scheduler remembers as stored by its workers (LRU beyond).",
     )
+    layerwise_loads: bool = option(
+        True,
+        doc="On CPU, copy a memory-tier hit into vLLM's blocks layer by layer beside the "
+        "forward pass (each attention layer waits for its own copies) instead of before it.",
+    )
     copy_nice: int = option(
         10,
         minimum=0,

@@ -29,7 +29,8 @@ import torch
 from ...keys import CacheEngineKey
 from .connector_stats import ConnectorStats, StatsDelta
 from .context import ConnectorContext
-from .layout import BlockCopier, UnsupportedModel, check_attention_backends
+from .layer_copy import LayerCopies, Segment
+from .layout import BlockCopier, UnsupportedModel, block_runs, check_attention_backends
 from .loads import AsyncLoads
 from .metadata import ChunkLoad, StepMetadata, WorkerReport
 from .saves import SaveItem, SaveQueue
@@ -91,6 +92,7 @@ class WorkerSide:
         self.db: Any = None
         self.counters = _Counters()
         self._sync_buffers: ChunkBuffers | None = None
+        self.layer_copies: LayerCopies | None = None
         self._errors: set[int] = set()
         self._failed_at: dict[int, int] = {}  # block -> step of its failed load
         self._report = WorkerReport()
@@ -155,6 +157,8 @@ class WorkerSide:
             self.copier = BlockCopier(
                 [kv_caches[n] for n in layers], int(self.kv_cache_config.num_blocks)
             )
+            if self.copier.device.type == "cpu" and ctx.settings.options.layerwise_loads:
+                self.layer_copies = LayerCopies(layers)
         except UnsupportedModel as exc:
             self._disable(str(exc))
             return
@@ -374,8 +378,14 @@ class WorkerSide:
         if borrowed is None:
             return None
         t2 = time.perf_counter()
-        ok = [False] * len(loads)
         shape = self.copier.chunk_shape(self.ctx.blocks_per_chunk)
+        if self.layer_copies is not None:
+            ok_layered = self._start_layer_copies(loads, borrowed, shape)
+            if ok_layered is not None:
+                c.read_seconds += t2 - t1
+                c.scatter_seconds += time.perf_counter() - t2  # (planning; copies beside)
+                return ok_layered
+        ok = [False] * len(loads)
         events = []
         try:
             for j, b in enumerate(borrowed):
@@ -398,6 +408,50 @@ class WorkerSide:
         c.read_seconds += t2 - t1  # the borrows (no copy)
         c.scatter_seconds += time.perf_counter() - t2
         return ok
+
+    def _start_layer_copies(
+        self,
+        loads: list[ChunkLoad],
+        borrowed: list[tuple[object, Any] | None],
+        shape: tuple[int, ...],
+    ) -> list[bool] | None:
+        """Start copying the borrowed chunks into their blocks layer by layer beside the
+        forward pass (:mod:`.layer_copy`); the borrows end after the last layer. ``None``
+        (nothing started, borrows kept) when a copy would not be one contiguous run."""
+        assert self.copier is not None and self.storage is not None
+        assert self.layer_copies is not None
+        ok = [False] * len(loads)
+        per_layer: list[list[Segment]] = [[] for _ in range(self.copier.num_layers)]
+        for j, b in enumerate(borrowed):
+            if b is None:
+                continue
+            view = b[1]
+            if view.dtype != self.copier.dtype or tuple(view.shape) != shape:
+                continue  # foreign data: a miss
+            ld = loads[j]
+            for src0, block, k in block_runs(ld.block_ids):
+                first = ld.skip + src0
+                for layer, dst in enumerate(self.copier.views):
+                    seg = LayerCopies.segment(
+                        dst[block : block + k], view[layer, first : first + k]
+                    )
+                    if seg is None:
+                        return None
+                    per_layer[layer].append(seg)
+            ok[j] = True
+        storage = self.storage
+        handles = [b[0] for b in borrowed if b is not None]
+        self.layer_copies.start(per_layer, lambda: storage.end_borrows(handles))
+        return ok
+
+    def wait_for_layer(self, layer_name: str) -> None:
+        """Before ``layer_name``'s attention reads its KV: its copies are done."""
+        if self.layer_copies is not None:
+            self.layer_copies.wait_layer(layer_name)
+
+    def _layers_done(self) -> None:
+        if self.layer_copies is not None:
+            self.layer_copies.wait_all()
 
     def _load_staged(self, loads: list[ChunkLoad], keys: list[CacheEngineKey]) -> list[bool]:
         """Two copies per chunk: from the memory tier into a staging buffer, then into the
@@ -451,6 +505,7 @@ class WorkerSide:
 
     # ------------------------------------------------------------------ saves
     def save(self, meta: StepMetadata) -> None:
+        self._layers_done()  # (the forward pass waited for each layer; this ends the batch)
         self._begin(meta)
         if not meta.saves or self._saves_off:
             return
@@ -476,6 +531,7 @@ class WorkerSide:
 
     # ------------------------------------------------------------------ results
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        self._layers_done()
         recving: set[str] = set()
         if self.loads is not None:
             if finished_req_ids:
@@ -690,6 +746,12 @@ class WorkerSide:
                 "scatter": round(c.scatter_seconds, 6),
                 "async_scatter": round(ld.scatter_seconds, 6) if ld is not None else 0.0,
                 "async_idle_wait": round(ld.idle_wait_seconds, 6) if ld is not None else 0.0,
+                "layer_copies": round(self.layer_copies.copy_seconds, 6)
+                if self.layer_copies is not None
+                else 0.0,
+                "layer_waits": round(self.layer_copies.wait_seconds, 6)
+                if self.layer_copies is not None
+                else 0.0,
             },
             "save_breakdown_seconds": {
                 "gather": round(sv.gather_seconds, 6) if sv is not None else 0.0,
