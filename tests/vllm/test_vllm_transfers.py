@@ -329,22 +329,27 @@ def test_layer_copies_fill_each_layer_before_its_wait_returns_and_end_with_the_c
 
     src_views = caches("cpu", "LBHNC")
     fill(src_views, 5)
-    src = torch.empty(BlockCopier(src_views, BLOCKS).chunk_shape(2))
-    BlockCopier(src_views, BLOCKS).gather([0, 1], src)
+    copier = BlockCopier(src_views, BLOCKS)
+    src = torch.empty(copier.chunk_shape(2))
+    copier.gather([0, 1], src)
     dst_views = caches("cpu", "LBHNC")
+    assert LayerCopies.usable(dst_views)
     names = [f"layer{i}" for i in range(LAYERS)]
-    copies = LayerCopies(names)
-    per_layer = []
-    for layer, dst in enumerate(dst_views):
-        seg = LayerCopies.segment(dst[4:6], src[layer, 0:2])
-        assert seg is not None
-        per_layer.append([seg])
-    assert LayerCopies.segment(dst_views[0][4:6], src[0, 0:1]) is None  # shapes differ
+    copies = LayerCopies(names, dst_views)
+    per_layer: list[list[tuple[int, int, int]]] = [[] for _ in range(LAYERS)]
+    assert copies.plan(per_layer, src, 0, [4, 5])
+    assert copies.plan(per_layer, src, 1, [9])  # a run of one block, from the chunk's second
+    assert not copies.plan(per_layer, src, 0, [BLOCKS - 1, BLOCKS])  # out of range
+    assert not copies.plan(per_layer, src[:, :1].clone(), 0, [1, 2])  # past the chunk
+    assert not copies.plan(per_layer, src.transpose(3, 4), 0, [1])  # not the layout
+    assert all(len(segs) == 2 for segs in per_layer)
     ended = threading.Event()
     copies.start(per_layer, ended.set)
     for layer, name in enumerate(names):
         copies.wait_layer(name)
         assert torch.equal(dst_views[layer][4:6], src_views[layer][0:2])
+        assert torch.equal(dst_views[layer][9], src_views[layer][1])
     copies.wait_all()
     assert ended.is_set()
+    assert not dst_views[0][6:9].any()  # nothing else written
     copies.close()

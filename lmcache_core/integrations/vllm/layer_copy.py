@@ -9,7 +9,7 @@ hidden.
 
 Every copy here is one ``memmove`` of a contiguous run of blocks of one layer (the
 stored chunk is ``[layers, blocks, ...]``, a layer's cache ``[blocks, ...]``), which
-releases the GIL. A run that is not contiguous on both sides is not planned here (the
+releases the GIL. A chunk that does not have the cache's layout is not planned here (the
 caller copies such loads itself, before the forward pass).
 """
 
@@ -23,7 +23,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from .layout import block_runs
+
 __all__ = ["LayerCopies", "Segment"]
+
 
 #: ``(destination address, source address, bytes)`` of one contiguous copy
 Segment = tuple[int, int, int]
@@ -32,11 +35,20 @@ _memmove = ctypes.memmove
 
 
 class LayerCopies:
-    """One batch of copies at a time, per layer, in one helper thread."""
+    """One batch of copies at a time, per layer, in one helper thread.
 
-    def __init__(self, layer_names: Sequence[str]) -> None:
+    ``layers`` are the per-layer caches ``[blocks, ...]`` (each contiguous, see
+    :meth:`usable`), in the order of ``layer_names``."""
+
+    def __init__(self, layer_names: Sequence[str], layers: Sequence[torch.Tensor]) -> None:
         self.index = {name: i for i, name in enumerate(layer_names)}
         self.num_layers = len(layer_names)
+        first = layers[0]
+        self.num_blocks = int(first.shape[0])
+        self.dtype = first.dtype
+        self.block_shape = tuple(first.shape[1:])
+        self.block_bytes = first[0].numel() * first.element_size()
+        self._bases = [t.data_ptr() for t in layers]
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="lmcache-layers"
         )
@@ -46,18 +58,52 @@ class LayerCopies:
         self.wait_seconds = 0.0  # the engine thread waiting for a layer
 
     @staticmethod
-    def segment(dst: torch.Tensor, src: torch.Tensor) -> Segment | None:
-        """The copy of ``src`` into ``dst`` as one segment, or ``None`` when either is not
-        contiguous or they differ in shape or dtype."""
+    def usable(layers: Sequence[torch.Tensor]) -> bool:
+        """Whether every layer's cache is one contiguous CPU tensor of the same shape."""
+        return bool(layers) and all(
+            t.device.type == "cpu"
+            and t.is_contiguous()
+            and t.shape == layers[0].shape
+            and t.dtype == layers[0].dtype
+            for t in layers
+        )
+
+    def plan(
+        self,
+        per_layer: list[list[Segment]],
+        chunk: torch.Tensor,
+        first: int,
+        block_ids: Sequence[int],
+    ) -> bool:
+        """Add the copies of ``chunk[:, first + j]`` into block ``block_ids[j]`` of every
+        layer to ``per_layer`` (``chunk``: a stored ``[layers, blocks, ...]`` chunk), one
+        per run of consecutive blocks. ``False`` (nothing added) when ``chunk`` is not
+        contiguous or not of this cache's layout, or a block is out of range."""
         if (
-            dst.shape != src.shape
-            or dst.dtype != src.dtype
-            or not (dst.is_contiguous() and src.is_contiguous())
-            or dst.device.type != "cpu"
-            or src.device.type != "cpu"
+            chunk.dtype != self.dtype
+            or chunk.dim() < 2
+            or chunk.shape[0] != self.num_layers
+            or tuple(chunk.shape[2:]) != self.block_shape
+            or not chunk.is_contiguous()
+            or chunk.device.type != "cpu"
+            or first < 0
+            or first + len(block_ids) > chunk.shape[1]
         ):
-            return None
-        return dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size()
+            return False
+        bb = self.block_bytes
+        per_chunk_layer = int(chunk.shape[1]) * bb
+        base = chunk.data_ptr()
+        runs = []
+        for j, b, k in block_runs(block_ids):
+            if b < 0 or b + k > self.num_blocks:
+                return False
+            runs.append((first + j, b, k))
+        for layer, dst0 in enumerate(self._bases):
+            src0 = base + layer * per_chunk_layer
+            segs = per_layer[layer]
+            for i, b, k in runs:
+                segs.append((dst0 + b * bb, src0 + i * bb, k * bb))
+        return True
 
     def start(self, per_layer: list[list[Segment]], after: Callable[[], None]) -> None:
         """Copy ``per_layer[l]`` for each layer ``l`` in order, then call ``after()`` (in

@@ -30,7 +30,7 @@ from ...keys import CacheEngineKey
 from .connector_stats import ConnectorStats, StatsDelta
 from .context import ConnectorContext
 from .layer_copy import LayerCopies, Segment
-from .layout import BlockCopier, UnsupportedModel, block_runs, check_attention_backends
+from .layout import BlockCopier, UnsupportedModel, check_attention_backends
 from .loads import AsyncLoads
 from .metadata import ChunkLoad, StepMetadata, WorkerReport
 from .saves import SaveItem, SaveQueue
@@ -157,8 +157,9 @@ class WorkerSide:
             self.copier = BlockCopier(
                 [kv_caches[n] for n in layers], int(self.kv_cache_config.num_blocks)
             )
-            if self.copier.device.type == "cpu" and ctx.settings.options.layerwise_loads:
-                self.layer_copies = LayerCopies(layers)
+            per_layer = self.copier.views
+            if ctx.settings.options.layerwise_loads and LayerCopies.usable(per_layer):
+                self.layer_copies = LayerCopies(layers, per_layer)
         except UnsupportedModel as exc:
             self._disable(str(exc))
             return
@@ -429,15 +430,8 @@ class WorkerSide:
             if view.dtype != self.copier.dtype or tuple(view.shape) != shape:
                 continue  # foreign data: a miss
             ld = loads[j]
-            for src0, block, k in block_runs(ld.block_ids):
-                first = ld.skip + src0
-                for layer, dst in enumerate(self.copier.views):
-                    seg = LayerCopies.segment(
-                        dst[block : block + k], view[layer, first : first + k]
-                    )
-                    if seg is None:
-                        return None
-                    per_layer[layer].append(seg)
+            if not self.layer_copies.plan(per_layer, view, ld.skip, ld.block_ids):
+                return None
             ok[j] = True
         storage = self.storage
         handles = [b[0] for b in borrowed if b is not None]
