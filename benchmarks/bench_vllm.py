@@ -14,14 +14,17 @@ Scenarios (``--scenario``, default all), on the demo's model (8-layer float32 Ll
   disk backend's own ``batched_get_into`` of the same N chunks, same batch and
   concurrency, page cache dropped, interleaved. Target: >= 0.7x.
 * ``miss``: the connector's cost when nothing hits (CPU + disk tiers, saves included):
-  three engine processes alive together -- two without the connector (the baseline and
-  its A/A twin) and one with it -- each measured once per round in random order: TTFT
-  of a unique prompt and the wall time of a 20-request batch of unique prompts. A
-  measurement ends only once the engine's saves are in every tier (so no store runs
-  into another engine's measurement); the wall time to the outputs is judged, the time
-  until the saves are done is printed beside it. Per-round ratios: connector / baseline
-  (the geometric mean of the two engines without it) and twin / first engine (A/A),
-  medians with 95% bootstrap intervals. Target: <= 1.05x.
+  TTFT of a unique prompt and the wall time of a 20-request batch of unique prompts.
+  Default (``--miss-design toggle``): one in-process engine whose connector is switched
+  on and off between measurements (off, its scheduler side reports no hit and plans
+  nothing; vLLM still calls every hook), per round in random order: on, off, off again
+  (the A/A twin) and, when the copy threads run nicer than vLLM, on with them at vLLM's
+  priority; it also times the connector's hooks on the engine thread and the CPU time
+  of the process's other Python threads. ``--miss-design engines``: engine processes
+  with and without the connector alive together (two identical processes measured 15%
+  apart here, so this design cannot judge 5%). A measurement ends only once its saves
+  are in every tier. Per-round ratios against the geometric mean of the two baseline
+  measurements, medians with 95% bootstrap intervals. Target: <= 1.05x.
 
 Verdicts: ``met`` when the median's 95% interval lies at or under the target, ``not
 met`` when it lies above, ``within noise`` otherwise, and also when the A/A median's
