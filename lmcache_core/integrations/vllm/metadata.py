@@ -65,6 +65,9 @@ class StepMetadata(KVConnectorMetadata):
     policy configured) holds, per request scheduled for the first time, the hashes of
     its prompt's full chunks in order: the workers tell their hierarchy's policies
     (``observe_prefix``), which would otherwise see neither the misses nor the chain.
+    ``idle`` says the step computes nothing
+    (vLLM steps back to back while a request waits for its KV: a worker with background
+    loads running may then wait for them instead of returning at once).
     """
 
     step: int = 0
@@ -79,6 +82,8 @@ class StepMetadata(KVConnectorMetadata):
     #: ``reset_cache`` was called: clear the private tiers before this step's loads
     reset: bool = False
     chains: list[list[int]] = field(default_factory=list)
+    #: the step schedules no tokens (nothing waits on the worker but its own loads)
+    idle: bool = False
 
     def is_empty(self) -> bool:
         return not (

@@ -442,7 +442,12 @@ class SchedulerSide:
     # ------------------------------------------------------------------ planning
     def build_meta(self, scheduler_output: Any) -> StepMetadata:
         self.step += 1
-        meta = StepMetadata(step=self.step, acked=self.acked, reset=self._reset_pending)
+        meta = StepMetadata(
+            step=self.step,
+            acked=self.acked,
+            reset=self._reset_pending,
+            idle=not getattr(scheduler_output, "total_num_scheduled_tokens", 1),
+        )
         self._reset_pending = False
         if self.disabled or self.taint is None:
             return meta
