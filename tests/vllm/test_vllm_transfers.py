@@ -353,3 +353,29 @@ def test_layer_copies_fill_each_layer_before_its_wait_returns_and_end_with_the_c
     assert ended.is_set()
     assert not dst_views[0][6:9].any()  # nothing else written
     copies.close()
+
+
+def test_a_layer_name_the_copies_do_not_know_waits_for_every_layer() -> None:
+    import threading
+
+    from lmcache_core.integrations.vllm.layer_copy import LayerCopies
+
+    dst_views = caches("cpu", "LBHNC")
+    copies = LayerCopies([f"layer{i}" for i in range(LAYERS)], dst_views)
+    release = threading.Event()
+    ended = threading.Event()
+    per_layer: list[list[tuple[int, int, int]]] = [[] for _ in range(LAYERS)]
+
+    def after() -> None:
+        ended.set()
+
+    # a batch whose copies cannot finish until released: the unknown name must wait
+    copies.start(per_layer, lambda: (release.wait(5), after()))
+    waiter = threading.Thread(target=copies.wait_layer, args=("model.layers.0.attn",))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()  # still waiting for the whole batch
+    release.set()
+    waiter.join(5)
+    assert not waiter.is_alive() and ended.is_set()
+    copies.close()

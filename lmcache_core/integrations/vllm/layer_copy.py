@@ -128,10 +128,14 @@ class LayerCopies:
         self._future = self._pool.submit(run)
 
     def wait_layer(self, layer_name: str) -> None:
-        """Wait until the running batch's copies into ``layer_name`` are done."""
+        """Wait until the running batch's copies into ``layer_name`` are done (all of
+        them for a name this cache does not know: never let a layer read early)."""
         i = self.index.get(layer_name)
+        if i is None:
+            self.wait_all()
+            return
         done = self._done
-        if i is None or i >= len(done) or done[i].is_set():
+        if i >= len(done) or done[i].is_set():
             return
         t0 = time.perf_counter()
         done[i].wait()
