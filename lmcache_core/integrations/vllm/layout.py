@@ -245,8 +245,13 @@ class BlockCopier:
         return torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
 
     # ------------------------------------------------------------------ synchronous
-    def gather(self, block_ids: Sequence[int], out: torch.Tensor) -> None:
-        """Copy blocks ``block_ids`` of every layer into ``out[:, :len(block_ids)]``."""
+    def gather(
+        self, block_ids: Sequence[int], out: torch.Tensor, others: Sequence[Sequence[int]] = ()
+    ) -> None:
+        """Copy blocks ``block_ids`` of every layer into ``out[:, :len(block_ids)]``.
+        (``others``: block ids of further KV-cache groups; a single-group copier takes
+        none, see :class:`~.group_copier.GroupedCopier`.)"""
+        _no_others(others)
         n = len(block_ids)
         if n == 0:
             return
@@ -265,8 +270,11 @@ class BlockCopier:
             else:
                 d.copy_(view.index_select(0, idx))
 
-    def scatter(self, src: torch.Tensor, block_ids: Sequence[int]) -> None:
+    def scatter(
+        self, src: torch.Tensor, block_ids: Sequence[int], others: Sequence[Sequence[int]] = ()
+    ) -> None:
         """Copy ``src[:, j]`` into block ``block_ids[j]`` of every layer."""
+        _no_others(others)
         n = self._check_src(src, block_ids)
         if n == 0:
             return
@@ -298,10 +306,13 @@ class BlockCopier:
             self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
         return self._stream
 
-    def gather_to_host(self, block_ids: Sequence[int], out: torch.Tensor) -> Any:
+    def gather_to_host(
+        self, block_ids: Sequence[int], out: torch.Tensor, others: Sequence[Sequence[int]] = ()
+    ) -> Any:
         """:meth:`gather` into a host buffer; on CUDA it runs on a side stream after the
         work queued so far and returns an event to wait on before reading ``out``
         (``None``: the copy is done)."""
+        _no_others(others)
         if self._on_cpu:
             self.gather(block_ids, out)
             return None
@@ -319,10 +330,13 @@ class BlockCopier:
             event.record(stream)
         return event
 
-    def scatter_from_host(self, src: torch.Tensor, block_ids: Sequence[int]) -> Any:
+    def scatter_from_host(
+        self, src: torch.Tensor, block_ids: Sequence[int], others: Sequence[Sequence[int]] = ()
+    ) -> Any:
         """:meth:`scatter` from a host buffer; on CUDA it runs on a side stream and
         returns an event (the compute stream must wait for it before reading the blocks,
         see :meth:`order_before_compute`); ``None``: the copy is done."""
+        _no_others(others)
         if self._on_cpu:
             self.scatter(src, block_ids)
             return None
@@ -344,6 +358,11 @@ class BlockCopier:
         for ev in events:
             if ev is not None:
                 current.wait_event(ev)
+
+
+def _no_others(others: Sequence[Sequence[int]]) -> None:
+    if others:
+        raise ValueError("a single-group copier got block ids of other KV-cache groups")
 
 
 def _runs(block_ids: Sequence[int]) -> list[tuple[int, int, int]]:
