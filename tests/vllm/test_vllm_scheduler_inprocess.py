@@ -326,3 +326,31 @@ def test_hma_failed_background_load_fails_the_request_load_and_is_recomputed(
     assert s["hit_tokens"] == 4 * CHUNK + CHUNK  # then chunk 0 alone
     found, wrong = h.stored_chunks([A, h.reqs["warm"].tokens])
     assert wrong == [] and found == 6  # chunk 1 stored again once recomputed
+
+
+def test_hma_chunk_that_left_the_window_before_it_was_complete_is_not_saved(
+    vllm_models: Models, harnesses: list[Harness]
+) -> None:
+    """Window 16, steps of 112 tokens: when chunk 1 (tokens 64-127) completes, vLLM has
+    already given its first block (64-95) back (tokens up to 96 are outside the window
+    of token 112): the chunk is not saved, and a later request loads chunk 0 only."""
+    h = Harness(
+        vllm_models.main,
+        _storage(),
+        async_scheduling=False,
+        prefix_caching=False,
+        sliding_window=16,
+        max_batched_tokens=112,
+    )
+    harnesses.append(h)
+    h.add("cold", A, max_tokens=2)
+    h.drain()
+    h.settle()
+    s = h.scheduler_side.stats()
+    assert s["saves_outside_window"] == 1 and s["index_chunks"] == 3  # chunks 0, 2, 3
+    h.add("warm", A + X, max_tokens=2)
+    h.drain()
+    h.settle()
+    assert h.scheduler_side.stats()["hit_tokens"] == CHUNK and h.bad_computes == 0
+    _, wrong = h.stored_chunks([A, h.reqs["warm"].tokens])
+    assert wrong == []
