@@ -473,7 +473,7 @@ def test_full_hit_leaves_the_last_token_and_needs_every_rank() -> None:
         (1, [4, 5, 6, 7]),
     ]
     assert meta.saves == []  # already stored
-    assert sched.request_finished(req, list(range(8))) is False
+    assert sched.request_finished(req, (list(range(8)),)) is False  # one KV-cache group
     assert sched.stats()["active_requests"] == 0
 
 
