@@ -6,7 +6,8 @@ cache and stores computed chunks.
   are in this worker's memory tier, served from the calling thread; a chunk that fails on
   any rank fails on every rank (one small all-reduce), its blocks are reported to vLLM.
 * **Background loads** (:mod:`.loads`) for every other hit, reported through
-  ``get_finished``.
+  ``get_finished``. With several KV-cache groups (HMA) every load is one, and a failed
+  one is reported for its request (``failed_recving``), never as block ids.
 * **Saves** (:mod:`.saves`): gathered into bounded staging memory inside the step, stored
   in the background. A save whose computation read a block that failed to load (in this
   step, or in one the scheduler had not heard of when it planned the save) is dropped.
