@@ -12,8 +12,14 @@ With ``--hierarchy`` the same stream goes through the real lookup/store path ins
 started :class:`~lmcache_core.TieredHierarchy` with one ``cpu`` tier (25% of the working
 set, 256-byte chunks so that copies do not hide the decisions) configured with
 ``placement: {policy: NAME}``, per request ``lookup_prefix`` of its keys, then
-``batched_put`` of the missing ones; the no-op policy is registered through the same
-``add_policy`` as any plugin's, so both sides take the same code path.
+``batched_put`` of the missing ones. The baseline there is a **replay** of the policy's
+own decisions: an untimed run records every ``admit`` answer and ``victim`` choice the
+policy made, and a no-op policy (it learns nothing) hands them back in the same order,
+so both sides store, evict and hit exactly the same chunks and differ only in the time
+the policy spends deciding (a plain no-op policy that admits everything would do other
+work: the cost-aware policy refuses chunks and so stores fewer). The runs check that the
+replay reproduced the hits. Both policies are registered through ``add_policy``, so both
+take the same code path.
 
 Run: ``flock /tmp/lmcache-heavy.lock .venv/bin/python benchmarks/bench_placement.py``
 (add ``--hierarchy`` for the real path)
@@ -82,17 +88,72 @@ def replay(
     return time.perf_counter() - t0
 
 
+class Recorder:
+    """Delegates to ``inner`` and records its ``admit`` answers and ``victim`` choices."""
+
+    def __init__(self, inner: PlacementPolicy) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.admits: list[bool] = []
+        self.victims: list[Hashable | None] = []
+
+    def record_access(self, key: Hashable, info: ChunkInfo, hit: bool) -> None:
+        self.inner.record_access(key, info, hit)
+
+    def admit(self, key: Hashable, info: ChunkInfo) -> bool:
+        ok = self.inner.admit(key, info)
+        self.admits.append(ok)
+        return ok
+
+    def inserted(self, key: Hashable, info: ChunkInfo) -> None:
+        self.inner.inserted(key, info)
+
+    def removed(self, key: Hashable) -> None:
+        self.inner.removed(key)
+
+    def victim(self, exclude: AbstractSet[Hashable] = frozenset()) -> Hashable | None:
+        key = self.inner.victim(exclude)
+        self.victims.append(key)
+        return key
+
+
+class ReplayPolicy:
+    """The no-op baseline of ``--hierarchy``: learns nothing and hands back a recorded
+    policy's decisions in order (so the tier does exactly the same work)."""
+
+    name = "replay"
+
+    def __init__(self, admits: list[bool], victims: list[Hashable | None]) -> None:
+        self._admits = iter(admits)
+        self._victims = iter(victims)
+
+    def record_access(self, key: Hashable, info: ChunkInfo, hit: bool) -> None:
+        pass
+
+    def admit(self, key: Hashable, info: ChunkInfo) -> bool:
+        return next(self._admits, True)
+
+    def inserted(self, key: Hashable, info: ChunkInfo) -> None:
+        pass
+
+    def removed(self, key: Hashable) -> None:
+        pass
+
+    def victim(self, exclude: AbstractSet[Hashable] = frozenset()) -> Hashable | None:
+        return next(self._victims, None)
+
+
 async def replay_hierarchy(
-    stream: list[list[tuple[Hashable, ChunkInfo]]], policy: str, cap_chunks: int, registry: Any
-) -> float:
-    """Seconds to push the stream through a real hierarchy whose tier runs ``policy``."""
+    reqs: list[list[Any]], policy: str, cap_chunks: int, registry: Any, nbytes: int = 65536
+) -> tuple[float, int]:
+    """Seconds to push the requests' keys through a real hierarchy whose tier runs the
+    registered ``policy``, and the chunks the lookups found."""
     import torch
 
-    from lmcache_core import CacheEngineKey, TieredHierarchy
+    from lmcache_core import TieredHierarchy
     from lmcache_core.backends.host_buffers import ENTRY_OVERHEAD
     from lmcache_core.config import load_config
 
-    nbytes = 256
     cfg = load_config(
         {
             "tiers": [
@@ -103,18 +164,16 @@ async def replay_hierarchy(
         registry=registry,
     )
     value = torch.zeros(nbytes, dtype=torch.uint8)
-    reqs = [
-        [CacheEngineKey("bench", 1, 0, hash(k) & 0xFFFFFFFFFFFFFFFF, "uint8") for k, _ in chain]
-        for chain in stream
-    ]
+    hits = 0
     async with TieredHierarchy(cfg) as h:
         t0 = time.perf_counter()
         for keys in reqs:
             hit = (await h.lookup_prefix(keys)).num_hit
+            hits += hit
             if hit < len(keys):
                 miss = keys[hit:]
                 await h.batched_put(miss, [value] * len(miss))
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, hits
 
 
 def main_hierarchy(
@@ -122,25 +181,71 @@ def main_hierarchy(
 ) -> int:
     import asyncio
 
+    from lmcache_core import CacheEngineKey
+    from lmcache_core.placement.wiring import BUILTIN_FACTORIES, PolicyContext
     from lmcache_core.plugins import BackendRegistry, PluginSettings, load_plugins
 
     registry = BackendRegistry()
     load_plugins(registry, entry_points=[], settings=PluginSettings(strict=True))
-    registry.add_policy("noop", lambda ctx: NoopPolicy())
     cap_chunks = max(1, cap // (256 * 131072))
-    names = ["noop-A", *args.policies.split(","), "noop-B"]
+    policies = args.policies.split(",")
+    made: dict[str, PlacementPolicy] = {}
+
+    def factory_for(name: str) -> Any:
+        def make(ctx: PolicyContext) -> PlacementPolicy:
+            if name.startswith("replay-"):
+                rec = made[f"rec-{name[7:]}"]
+                assert isinstance(rec, Recorder)
+                return ReplayPolicy(rec.admits, rec.victims)
+            base = name[4:] if name.startswith("rec-") else name
+            pol: PlacementPolicy = BUILTIN_FACTORIES[base](ctx)
+            if name.startswith("rec-"):
+                pol = Recorder(pol)
+            made[name] = pol
+            return pol
+
+        return make
+
+    for p in policies:
+        for name in (f"x-{p}", f"rec-{p}", f"replay-{p}"):
+            registry.add_policy(name, factory_for(name if not name.startswith("x-") else p))
+    reqs = [
+        [CacheEngineKey("bench", 1, 0, hash(k) & 0xFFFFFFFFFFFFFFFF, "uint8") for k, _ in chain]
+        for chain in stream
+    ]
+
+    def run(name: str, part: list[list[Any]]) -> tuple[float, int]:
+        return asyncio.run(replay_hierarchy(part, name, cap_chunks, registry, args.chunk_bytes))
+
+    # the decisions each policy makes on this stream (recorded once, untimed)
+    expected = {p: run(f"rec-{p}", reqs)[1] for p in policies}
+    names = [x for p in policies for x in (f"x-{p}", f"replay-{p}-A", f"replay-{p}-B")]
     samples: dict[str, list[float]] = {k: [] for k in names}
-
-    def run(name: str, part: list[list[tuple[Hashable, ChunkInfo]]]) -> float:
-        pol = "noop" if name.startswith("noop") else name
-        return asyncio.run(replay_hierarchy(part, pol, cap_chunks, registry))
-
-    for name in names:  # warm-up
-        run(name, stream[: len(stream) // 20])
+    for p in policies:  # warm-up
+        run(f"x-{p}", reqs[: len(reqs) // 20])
     for _ in range(args.rounds):
         for name in names:
-            samples[name].append(run(name, stream) / n)
-    report(samples, args, n, "the hierarchy's lookup_prefix + batched_put, cpu tier")
+            reg = name[:-2] if name.startswith("replay-") else name
+            secs, hits = run(reg, reqs)
+            if hits != expected[name.split("-")[1]]:
+                raise SystemExit(f"{name}: {hits} hits, the recorded run had {expected}")
+            samples[name].append(secs / n)
+    print(f"{n} chunks per round, {args.rounds} interleaved rounds, tier = 25% of working set")
+    print("path: the hierarchy's lookup_prefix + batched_put, cpu tier")
+    print("baseline: a no-op policy replaying the policy's own decisions (same work)")
+    print(
+        f"{'policy':<8} {'us/chunk':>9} {'replay':>9} {'A/A':>7} {'minus replay':>13} "
+        f"{'ratio':>7}  within 5 us"
+    )
+    for p in policies:
+        a, b = samples[f"replay-{p}-A"], samples[f"replay-{p}-B"]
+        base = statistics.median(a + b)
+        med = statistics.median(samples[f"x-{p}"])
+        extra = 1e6 * (med - base)
+        print(
+            f"{p:<8} {1e6 * med:9.2f} {1e6 * base:9.2f} {aa_spread(a, b):6.3f}x {extra:13.2f} "
+            f"{med / base:7.2f}  {'yes' if extra <= 5 else 'NO'}"
+        )
     return 0
 
 
@@ -166,6 +271,13 @@ def main() -> int:
     ap.add_argument("--policies", default="lru,arc,s3fifo,cost")
     ap.add_argument(
         "--hierarchy", action="store_true", help="the real lookup/store path (see the docstring)"
+    )
+    ap.add_argument(
+        "--chunk-bytes",
+        type=int,
+        default=65536,
+        help="--hierarchy: bytes per stored chunk (default 64 KiB; the cpu tier also "
+        "charges 1 KiB per entry, which the policy does not see)",
     )
     args = ap.parse_args()
     trace = rag_trace(n_requests=args.chunks // 4 + 100, alpha=0.8)

@@ -9,6 +9,11 @@
    workload: the documents now come from the disk tier instead of being recomputed.
 4. Prints time-to-first-token cold vs warm, hit tokens, bytes and load GB/s per tier,
    and checks that both passes produced the same tokens.
+5. Runs a small ``lmcache-core bench rag`` (docs/placement.md): RAG prompts with and
+   without the connector (prefill tokens computed, mean TTFT, seconds per 1k prompt
+   tokens), then a cpu tier at a quarter of the working set under the LRU and the
+   cost-aware placement policies, beside the simulator's prediction (``--no-rag``
+   skips it; ``RAG_ARGS`` in the environment replaces its arguments).
 
 With ``DEMO_REMOTE=s3`` (``DEMO_REMOTE=s3 make demo``) the demo also starts a local S3
 API server (moto's server mode, from ``lmcache-backend-s3``), adds an ``s3`` tier on one
@@ -59,19 +64,9 @@ SYSTEM = (
 
 
 def _model_spec() -> Any:
-    from lmcache_core.integrations.vllm.local_model import ModelSpec
+    from lmcache_core.integrations.vllm.local_model import DEMO_SPEC
 
-    return ModelSpec(
-        vocab_size=4096,
-        hidden_size=512,
-        intermediate_size=1536,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        max_position_embeddings=8192,
-        seed=0,
-        head_scale=12.0,
-    )
+    return DEMO_SPEC
 
 
 def _workload(n_docs: int, n_questions: int, doc_words: int, vocab: int) -> list[dict[str, Any]]:
@@ -246,6 +241,7 @@ def main() -> int:
     ap.add_argument("--questions", type=int, default=3)
     ap.add_argument("--doc-words", type=int, default=2000)
     ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--no-rag", action="store_true", help="skip the bench rag step")
     ap.add_argument("--run-pass", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.run_pass:
@@ -327,7 +323,25 @@ def main() -> int:
         for p in passes[1:]
         for a, b in zip(outputs[1]["results"], outputs[p]["results"], strict=True)
     )
-    return 0 if same else 1
+    rag = 0 if args.no_rag else _bench_rag(model, work)
+    return 0 if same and rag == 0 else 1
+
+
+#: The demo's small ``bench rag`` (the full one: ``lmcache-core bench rag``).
+RAG_ARGS = "--requests 100 --docs 20 --capacities 0.25"
+
+
+def _bench_rag(model: Path, work: Path) -> int:
+    """``lmcache-core bench rag`` on the demo's model, small (4 engine runs)."""
+    import shlex
+
+    from lmcache_core.cli.main import main as cli
+
+    extra = shlex.split(os.environ.get("RAG_ARGS", RAG_ARGS))
+    print(f"\nlmcache-core bench rag {' '.join(extra)} (docs/placement.md) ...", flush=True)
+    return cli(
+        ["bench", "rag", "--table", "--model", str(model), "--workdir", str(work / "rag"), *extra]
+    )
 
 
 def _report(

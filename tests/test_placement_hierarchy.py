@@ -182,3 +182,41 @@ def test_cpu_backend_evicts_the_selectors_choice_and_survives_a_failing_selector
             assert [await be.contains(k) for k in keys] == [False, True, True, True]
 
     run_async(body())
+
+
+def test_observe_prefix_tells_the_policy_the_chain_and_each_access_from_any_thread() -> None:
+    """The connector's workers load memory-tier hits without ``lookup_prefix``; they
+    report each prompt's chain with ``observe_prefix``: the policy learns the chain
+    (a chunk behind a parent it never saw is refused otherwise) and one access per key,
+    hit or miss, nothing pinned. Without a policy it is a no-op."""
+    import threading
+
+    from lmcache_core.placement import CostAwarePolicy
+
+    keys = [make_key(f"o{i}") for i in range(3)]
+
+    async def body() -> None:
+        async with TieredHierarchy.from_config(config(8, {"policy": "cost"})) as h:
+            assert h.observes_accesses
+            tp = h.tier("cpu").placement
+            assert tp is not None
+            pol = tp.policy
+            assert isinstance(pol, CostAwarePolicy)
+            # the chain is unknown: every key looks like a chain's first chunk
+            assert h._chains is not None and h._chains.info(keys[2], CHUNK).position == 0
+            t = threading.Thread(target=h.observe_prefix, args=(keys,))
+            t.start()
+            t.join()
+            info = h._chains.info(keys[2], CHUNK)
+            assert (info.parent, info.position) == (keys[1], 2)
+            assert [pol._hist[k].count for k in keys] == [1, 1, 1]
+            assert await h.batched_put(keys, [chunk(i) for i in range(3)]) == [True] * 3
+            h.observe_prefix(keys)  # now hits: counted, and the policy still sees them resident
+            assert [pol._hist[k].count for k in keys] == [2, 2, 2]
+            assert all(pol.info_of(k) is not None for k in keys)
+            assert h.tier("cpu").stats.pins == 0
+        async with TieredHierarchy.from_config(config(8)) as plain:
+            assert not plain.observes_accesses
+            plain.observe_prefix(keys)  # nothing to tell, nothing raised
+
+    run_async(body())

@@ -39,7 +39,20 @@ def add_codec_arguments(ap: Any) -> None:
         "--quality-prompts",
         type=int,
         default=64,
-        help="prompts for perplexity and greedy agreement with decoded KV (with --model)",
+        help="held-out prompts for perplexity and greedy agreement with decoded KV (with "
+        "--model; default 64)",
+    )
+    ap.add_argument(
+        "--quality-prefix-chunks",
+        type=int,
+        default=2,
+        help="chunks of 128 tokens of each quality prompt loaded from the coded tier (default 2)",
+    )
+    ap.add_argument(
+        "--quality-suffix-tokens",
+        type=int,
+        default=256,
+        help="prompt tokens computed on top of the loaded chunks and scored (default 256)",
     )
     ap.add_argument(
         "--gen-tokens", type=int, default=16, help="greedy tokens per prompt (default 16)"

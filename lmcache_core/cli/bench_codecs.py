@@ -8,6 +8,10 @@ decode throughput (GB/s of raw KV) and their ratio to a plain single-threaded me
 of the same chunks measured in the same run (medians of interleaved rounds; the copy is
 measured twice, and the spread of its two medians is the A/A noise beside every ratio);
 and the max / mean absolute error of the decoded KV against the original.
+
+With ``--model`` it also measures answer quality with decoded KV through vLLM
+(:mod:`lmcache_core.cli.codec_quality`: held-out perplexity of positions computed on top
+of a prefix loaded through each lossy codec, and greedy agreement, against an exact run).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ __all__ = [
     "save_kv_file",
 ]
 
+#: Chunk (and vLLM block) size of the quality runs.
+QUALITY_CHUNK = 128
+
 #: What ``bench codecs`` measures by default: (registered name, options).
 DEFAULT_CODECS: list[tuple[str, dict[str, Any]]] = [
     ("lossless", {"compressor": "blosc2-lz4"}),
@@ -48,6 +55,7 @@ DEFAULT_CODECS: list[tuple[str, dict[str, Any]]] = [
     ("fp8", {}),
     ("cachegen", {}),
     ("cachegen", {"entropy": "range"}),
+    ("cachegen", {"bits": [8, 7, 6]}),
     ("cachegen", {"bits": [6, 5, 4]}),
 ]
 
@@ -263,7 +271,7 @@ def rows_json(rows: Sequence[CodecRow]) -> str:
     return json.dumps([asdict(r) for r in rows], indent=1)
 
 
-# ---------------------------------------------------------------------------- quality
+# ---------------------------------------------------------------------------- helpers
 def _wait_stable(root: Path, settle_s: float = 1.0, timeout_s: float = 60.0) -> int:
     """Wait until the number of files under ``root`` stops changing; return it."""
     deadline = time.monotonic() + timeout_s
@@ -276,136 +284,6 @@ def _wait_stable(root: Path, settle_s: float = 1.0, timeout_s: float = 60.0) -> 
             break
         time.sleep(0.1)
     return last
-
-
-def _quality_run(
-    model: str,
-    prompts: Sequence[Sequence[int]],
-    root: Path,
-    codec: dict[str, Any] | None,
-    chunk: int,
-    gen_tokens: int,
-) -> dict[str, Any]:
-    """One engine with a disk-only tier coded by ``codec``: store the prompts' KV, then
-    score them (prompt logprobs, greedy tokens) with the prefix loaded and decoded."""
-    import gc
-
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    tier: dict[str, Any] = {"name": "disk", "backend": "disk", "options": {"path": str(root)}}
-    if codec is not None:
-        tier["codec"] = codec
-    llm = LLM(
-        model=model,
-        dtype="float32",
-        enforce_eager=True,
-        seed=0,
-        max_model_len=1024,
-        enable_prefix_caching=False,
-        kv_transfer_config={
-            "kv_connector": "LMCacheCoreConnector",
-            "kv_role": "kv_both",
-            "kv_connector_extra_config": {"config": {"chunk_size": chunk, "tiers": [tier]}},
-        },
-    )
-    toks = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-    llm.generate(toks, SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
-    _wait_stable(root)
-    sp = SamplingParams(
-        max_tokens=gen_tokens,
-        temperature=0.0,
-        ignore_eos=True,
-        prompt_logprobs=0,
-        skip_reading_prefix_cache=False,  # vLLM skips the cache for prompt logprobs otherwise
-        detokenize=False,  # vLLM would decode the -1 ids it reports for loaded positions
-    )
-    outs = llm.generate(toks, sp, use_tqdm=False)
-    run: dict[str, Any] = {"hits": [], "logprobs": [], "tokens": []}
-    for p, out in zip(prompts, outs, strict=True):
-        run["hits"].append(int(out.num_cached_tokens or 0))
-        scored = out.prompt_logprobs or []
-        run["logprobs"].append(
-            [
-                None if e is None or tok not in e else float(e[tok].logprob)
-                for tok, e in zip(p, scored, strict=False)
-            ]
-        )
-        run["tokens"].append(list(out.outputs[0].token_ids))
-    llm.llm_engine.engine_core.shutdown()
-    del llm
-    gc.collect()
-    return run
-
-
-def measure_quality(
-    model: str,
-    prompts: Sequence[Sequence[int]],
-    codecs: Sequence[tuple[str, dict[str, Any]]],
-    workdir: str | os.PathLike[str],
-    chunk: int = 128,
-    gen_tokens: int = 16,
-) -> list[dict[str, Any]]:
-    """Perplexity and greedy agreement with decoded KV, per codec, against the same run
-    with an exact (uncoded) tier: each run loads every prompt's full chunks from disk and
-    computes the rest; perplexity is over the positions every run computed."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    root = Path(workdir) / "quality-tier"
-    runs = {"exact": _quality_run(model, prompts, root, None, chunk, gen_tokens)}
-    for name, opts in codecs:
-        label = codec_label(name, opts)
-        runs[label] = _quality_run(
-            model, prompts, root, {"name": name, "options": opts}, chunk, gen_tokens
-        )
-    for label, run in runs.items():
-        if sum(run["hits"]) == 0:
-            raise RuntimeError(f"{label}: no prompt token was loaded from the tier (hit tokens 0)")
-    start = [max(1, *(r["hits"][i] for r in runs.values())) for i in range(len(prompts))]
-    rows = []
-    exact = runs["exact"]
-    for label, run in runs.items():
-        nll, n = 0.0, 0
-        for i, lps in enumerate(run["logprobs"]):
-            for lp in lps[start[i] :]:
-                if lp is not None:
-                    nll -= lp
-                    n += 1
-        agree = []
-        for a, b in zip(exact["tokens"], run["tokens"], strict=True):
-            same = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a))
-            agree.append(same / max(1, len(a)))
-        rows.append(
-            {
-                "codec": label,
-                "prompts": len(prompts),
-                "hit_tokens_per_prompt": statistics.mean(run["hits"]),
-                "scored_positions": n,
-                "perplexity": math.exp(nll / max(1, n)),
-                "greedy_agreement": statistics.mean(agree),
-                "greedy_identical_prompts": sum(1 for x in agree if x == 1.0) / len(agree),
-            }
-        )
-    base = rows[0]["perplexity"]
-    for r in rows:
-        r["perplexity_change"] = r["perplexity"] / base - 1
-    return rows
-
-
-def format_quality(rows: Sequence[dict[str, Any]], gen_tokens: int) -> str:
-    """A Markdown table of :func:`measure_quality`'s rows."""
-    lines = [
-        f"| codec | hit tokens / prompt | perplexity | vs exact | greedy agreement ({gen_tokens} tokens) | identical prompts |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| `{r['codec']}` | {r['hit_tokens_per_prompt']:.0f} | {r['perplexity']:.4f} | "
-            f"{r['perplexity_change']:+.2%} | {r['greedy_agreement']:.1%} | "
-            f"{r['greedy_identical_prompts']:.1%} |"
-        )
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------- command
@@ -501,13 +379,22 @@ def run(args: Any) -> int:
         print(format_table(rows), flush=True)  # before the (long) quality runs
     quality: list[dict[str, Any]] = []
     if want_quality:
-        lossy = [(n, o) for (n, o), c in zip(specs, codecs, strict=True) if not c.lossless]
+        from .codec_quality import format_quality, measure_quality, quality_prompts
+
+        lossy = [
+            (c.name, c.options()) for c in codecs if not c.lossless
+        ]  # the codec's own options: the labels match the table's rows
+        prefix = args.quality_prefix_chunks * QUALITY_CHUNK
         with tempfile.TemporaryDirectory() as tmp:
-            quality = measure_quality(
+            quality, _ = measure_quality(
                 args.model,
-                _prompts_for(args.model, args.quality_prompts, args.tokens),
+                quality_prompts(
+                    args.model, args.quality_prompts, prefix + args.quality_suffix_tokens
+                ),
                 lossy,
                 tmp,
+                prefix_tokens=prefix,
+                chunk=QUALITY_CHUNK,
                 gen_tokens=args.gen_tokens,
             )
     if args.json:
@@ -515,10 +402,13 @@ def run(args: Any) -> int:
         return 0
     if quality:
         print(
-            f"\n# quality with decoded KV: {quality[0]['prompts']} prompts, their full "
-            "128-token chunks loaded from a disk tier, the rest computed; perplexity over the "
-            "computed prompt positions, greedy agreement = share of generated tokens before the "
-            "first difference from the exact run"
+            f"\n# quality with decoded KV: {quality[0]['prompts']} held-out prompts of "
+            f"{quality[0]['prompt_tokens']:.0f} tokens; the first {prefix} ({args.quality_prefix_chunks} "
+            f"chunks of {QUALITY_CHUNK}) loaded from a disk tier through the codec, the rest "
+            f"computed on top; perplexity over the {quality[0]['scored_positions']} computed "
+            "positions every run scored (change vs exact: 95% bootstrap interval over prompts); "
+            "greedy agreement = share of generated tokens before the first difference from exact"
         )
-        print(format_quality(quality, args.gen_tokens))
+        errors = {r.codec: (r.max_abs_error, r.mean_abs_error) for r in rows}
+        print(format_quality(quality, args.gen_tokens, errors))
     return 0

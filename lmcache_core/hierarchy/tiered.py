@@ -851,6 +851,40 @@ class TieredHierarchy(BaseBackend):
             for t in self.tiers
         )
 
+    @property
+    def observes_accesses(self) -> bool:
+        """Whether some tier has a placement policy (then :meth:`observe_prefix` matters)."""
+        return self._chains is not None
+
+    def observe_prefix(self, keys: Sequence[CacheEngineKey]) -> None:
+        """Tell the placement policies that a request asked for ``keys`` (a prompt's
+        chunks in chain order, from its first), from the calling thread: the chain is
+        learned and each in-process tier with a policy records one access per key, hit
+        or miss by what the tier holds now. Nothing is pinned, loaded or counted.
+
+        For callers that decide hits without :meth:`lookup_prefix` (the vLLM connector's
+        workers load memory-tier hits the scheduler planned from its own index): without
+        this their policies would see neither the misses nor the chain. A no-op without
+        a placement policy; tiers that cannot answer from a thread (shared ones) are
+        skipped: their policies see the lookups that reach them."""
+        chains = self._chains
+        if chains is None or not keys or self._state != "started":
+            return
+        chains.learn(keys)
+        for t in self.tiers:
+            pl = t.placement
+            if pl is None or not pl.chooses_victims:
+                continue
+            fast = self._fast_tiers_for(t)
+            if fast is None:
+                continue
+            try:
+                found = fast(keys)
+            except Exception:
+                continue
+            if found is not None and None not in found:
+                pl.looked_up(keys, found)
+
     def try_lookup_prefix_threadsafe(
         self, keys: Sequence[CacheEngineKey], lease_s: float | None = None
     ) -> PrefixLookup | None:

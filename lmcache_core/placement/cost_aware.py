@@ -149,31 +149,38 @@ class CostAwarePolicy:
 
     # ------------------------------------------------------------------ interface
     def record_access(self, key: Hashable, info: ChunkInfo, hit: bool) -> None:
-        self._growth_s *= self._step_s
-        self._growth_l *= self._step_l
-        if self._growth_s > _RESCALE_AT:
+        # (the hot path: locals instead of repeated attribute loads)
+        gs = self._growth_s * self._step_s
+        gl = self._growth_l * self._step_l
+        self._growth_s = gs
+        self._growth_l = gl
+        if gs > _RESCALE_AT:
             self._rescale()
-        self._growth = self._growth_l if self.long_memory else self._growth_s
-        h = self._hist.get(key)
+            gs, gl = self._growth_s, self._growth_l
+        self._growth = gl if self.long_memory else gs
+        hist = self._hist
+        h = hist.get(key)
         if self._adapt:
-            self._tick += 1
-            if self._tick >= self._judge_every:
+            tick = self._tick + 1
+            if tick >= self._judge_every:
                 self._tick = 0
                 self._judge(h, info)
+            else:
+                self._tick = tick
         if h is None:
-            h = self._hist[key] = _History()
+            h = hist[key] = _History()
             self._hist_pos[key] = len(self._hist_list)
             self._hist_list.append(key)
             if info.parent is not None:
-                ph = self._hist.get(info.parent)
+                ph = hist.get(info.parent)
                 if ph is not None:
                     ph.children += 1
-            if len(self._hist) > self._history_cap:
+            if len(hist) > self._history_cap:
                 self._forget_one()
         else:
-            self._hist.move_to_end(key)
-        h.wshort += self._growth_s
-        h.wlong += self._growth_l
+            hist.move_to_end(key)
+        h.wshort += gs
+        h.wlong += gl
         h.count += 1
 
     def admit(self, key: Hashable, info: ChunkInfo) -> bool:
@@ -305,10 +312,26 @@ class CostAwarePolicy:
         self._rebuild()
 
     def _push(self, key: Hashable) -> None:
+        # _score inlined (the hot path: one push per insertion, leaf and re-valuation)
         self._seq += 1
-        v, w = self._score(key)
-        heapq.heappush(self._heap, (v, self._seq, key, w))
-        if len(self._heap) > 4 * len(self._resident) + 1024:
+        lm = self.long_memory
+        hist = self._hist
+        h = hist.get(key)
+        hits = own = 0.0
+        if h is not None:
+            own = h.wlong if lm else h.wshort
+            if h.count >= self.min_reuse:
+                hits = own
+        parent = self._resident[key].parent
+        if parent is not None:
+            ph = hist.get(parent)
+            if ph is not None and ph.children > 0:
+                share = (ph.wlong if lm else ph.wshort) / ph.children
+                if share > hits:
+                    hits = share
+        heap = self._heap
+        heapq.heappush(heap, (self._rate[key] * hits, self._seq, key, own))
+        if len(heap) > 4 * len(self._resident) + 1024:
             self._rebuild()
 
     def _rebuild(self) -> None:

@@ -108,6 +108,15 @@ def test_train_save_load_and_cache(tmp_path: Path, sources: list[tuple[str, str]
     chat = tok.apply_chat_template([{"role": "user", "content": "def f(x):"}], tokenize=False)
     assert chat.startswith("question : def f(x):")
 
+    # the held-out split rebuilt at any window length: the shipped prompts at theirs
+    assert tm.heldout_windows(path, TINY.prompt_tokens, TINY.num_prompts, sources) == prompts
+    longer = tm.heldout_windows(path, 2 * TINY.prompt_tokens, 2, sources)
+    assert len(longer) == 2 and all(len(p) == 2 * TINY.prompt_tokens for p in longer)
+    with pytest.raises(ValueError, match="windows of"):
+        tm.heldout_windows(path, TINY.prompt_tokens, 10_000, sources)
+    with pytest.raises(ValueError, match="other standard-library sources"):
+        tm.heldout_windows(path, TINY.prompt_tokens, 1, sources[:-1])
+
     # cached: the same spec and corpus return at once; a new spec retrains
     logs.clear()
     again, meta2 = tm.make_trained_model(dest, TINY, sources, log=logs.append, max_ratio=None)

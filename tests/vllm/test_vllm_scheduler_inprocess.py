@@ -250,6 +250,36 @@ def test_the_connector_supplies_its_namespace_and_rejects_a_conflicting_one(
     )
 
 
+def test_a_placement_policy_learns_each_prompts_chain_from_the_scheduler(
+    vllm_models: Models, harnesses: list[Harness]
+) -> None:
+    """With ``placement: {policy: cost}`` the scheduler sends each new request's prompt
+    chunk hashes (``StepMetadata.chains``) and the worker tells its hierarchy
+    (``observe_prefix``): the cpu tier's policy knows every chunk's parent and position
+    and saw one access per chunk per request, hits (loaded without ``lookup_prefix``)
+    included."""
+    storage = {**_storage(), "placement": {"policy": "cost"}}
+    h = Harness(vllm_models.main, storage, async_scheduling=False)
+    harnesses.append(h)
+    h.add("p0", [*A, *[7] * 16], max_tokens=1)
+    h.drain()
+    h.settle()
+    assert h.sched.reset_prefix_cache()  # p1's hit then comes from the connector
+    h.add("p1", A + X, max_tokens=1)
+    h.drain()
+    h.settle()
+    ws = h.worker_side
+    keys = ws.db.keys(A)
+    hier = ws.storage.hierarchy
+    infos = [hier._chains.info(k, 0) for k in keys]
+    assert [(i.parent, i.position) for i in infos] == [(None, 0)] + [
+        (keys[j], j + 1) for j in range(3)
+    ]
+    pol = hier.tier(hier.tiers[0].name).placement.policy
+    assert [pol._hist[k].count for k in keys] == [2, 2, 2, 2]
+    assert h.scheduler_side.stats()["hit_tokens"] == 4 * CHUNK  # p1 loaded A
+
+
 # ---------------------------------------------------------------------------- HMA
 WINDOW = 48  # tokens: A's hit (256) keeps blocks 6, 7 of the sliding-window group
 

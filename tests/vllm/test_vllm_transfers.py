@@ -133,6 +133,34 @@ def test_background_load_scatters_when_done_and_fails_past_its_deadline(setup: A
     _wait(lambda: buffers.in_use == 0, timeout=5)
 
 
+def test_an_idle_step_waits_for_background_loads_to_progress_not_longer(setup: Any) -> None:
+    storage, copier, _views, tmp_path = setup
+    src = torch.empty(copier.chunk_shape(2))
+    copier.gather([0, 1], src)
+    assert storage.put([DB.make_key(300)], [src]) == [True]
+    storage.hierarchy.tiers[0].backend.control.get()
+    loads = AsyncLoads(
+        storage,
+        ChunkBuffers(copier.chunk_shape(2), torch.float32, max_buffers=2),
+        BlockCopier(caches("cpu", "LBHNC"), BLOCKS),
+        deadline_s=5.0,
+        block_nbytes=1,
+    )
+    t0 = time.perf_counter()
+    loads.wait_progress(1.0)  # no load running: no wait
+    assert time.perf_counter() - t0 < 0.5
+    write_control(str(tmp_path / "control.json"), get_delay_s=0.3)
+    storage.hierarchy.tiers[0].backend.control.get()
+    loads.start("r", [ChunkLoad("r", 0, 300, 0, [2, 3])], [DB.make_key(300)])
+    _wait(lambda: loads.poll() is not None and loads.pending_fetches() == 1)
+    t0 = time.perf_counter()
+    loads.wait_progress(0.05)  # the fetch takes 0.3 s: the wait ends at its bound
+    assert 0.04 < time.perf_counter() - t0 < 0.29
+    loads.wait_progress(5.0)  # woken by the fetch finishing, not by the bound
+    assert time.perf_counter() - t0 < 3.0
+    assert "r" in loads.poll().finished
+
+
 def test_background_lookup_answers_later_and_gives_up_at_its_deadline(setup: Any) -> None:
     storage, copier, _, tmp_path = setup
     src = torch.empty(copier.chunk_shape(2))
@@ -265,3 +293,63 @@ def test_sync_loads_borrow_from_the_memory_tier_and_listed_chunks_miss(setup: An
     storage.end_borrows([b[0] for b in borrowed if b is not None])
     # every reference ended: the replaced entry's memory went back to the pool
     assert all(e.users == 0 for e in cpu._entries.values())
+
+
+def test_copy_threads_run_below_the_process_priority_and_the_io_loop_does_not(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+    import os
+    import threading
+
+    from lmcache_core.integrations.vllm.storage import COPY_THREAD_PREFIX
+
+    def nice() -> tuple[str, int]:
+        me = threading.current_thread()
+        return me.name, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    async def both() -> tuple[tuple[str, int], tuple[str, int]]:
+        return nice(), await asyncio.to_thread(nice)
+
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    cfg = load_config({"chunk_size": 32, "tiers": [{"name": "cpu", "backend": "cpu"}]})
+    storage = Storage(cfg, NS, copy_nice=5)
+    try:
+        (_, loop_nice), (copy_name, copy_nice) = storage.sync.io.run(both())
+    finally:
+        storage.close()
+    assert loop_nice == base
+    assert copy_name.startswith(COPY_THREAD_PREFIX) and copy_nice == min(19, base + 5)
+
+
+def test_layer_copies_fill_each_layer_before_its_wait_returns_and_end_with_the_callback() -> None:
+    import threading
+
+    from lmcache_core.integrations.vllm.layer_copy import LayerCopies
+
+    src_views = caches("cpu", "LBHNC")
+    fill(src_views, 5)
+    copier = BlockCopier(src_views, BLOCKS)
+    src = torch.empty(copier.chunk_shape(2))
+    copier.gather([0, 1], src)
+    dst_views = caches("cpu", "LBHNC")
+    assert LayerCopies.usable(dst_views)
+    names = [f"layer{i}" for i in range(LAYERS)]
+    copies = LayerCopies(names, dst_views)
+    per_layer: list[list[tuple[int, int, int]]] = [[] for _ in range(LAYERS)]
+    assert copies.plan(per_layer, src, 0, [4, 5])
+    assert copies.plan(per_layer, src, 1, [9])  # a run of one block, from the chunk's second
+    assert not copies.plan(per_layer, src, 0, [BLOCKS - 1, BLOCKS])  # out of range
+    assert not copies.plan(per_layer, src[:, :1].clone(), 0, [1, 2])  # past the chunk
+    assert not copies.plan(per_layer, src.transpose(3, 4), 0, [1])  # not the layout
+    assert all(len(segs) == 2 for segs in per_layer)
+    ended = threading.Event()
+    copies.start(per_layer, ended.set)
+    for layer, name in enumerate(names):
+        copies.wait_layer(name)
+        assert torch.equal(dst_views[layer][4:6], src_views[layer][0:2])
+        assert torch.equal(dst_views[layer][9], src_views[layer][1])
+    copies.wait_all()
+    assert ended.is_set()
+    assert not dst_views[0][6:9].any()  # nothing else written
+    copies.close()

@@ -137,8 +137,10 @@ class LMCacheCoreConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[mis
             self._worker.start_load(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """Loads before the forward pass complete in :meth:`start_load_kv`."""
-        return
+        """Loads before the forward pass are copied layer by layer beside it (on CPU):
+        wait for this layer's copies."""
+        if self._worker is not None:
+            self._worker.wait_for_layer(layer_name)
 
     def save_kv_layer(
         self,

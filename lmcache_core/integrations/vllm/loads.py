@@ -10,6 +10,11 @@ overlap the reads still running, and the engine's steps never wait for either. E
 step's :meth:`AsyncLoads.poll` (from ``get_finished``) collects what is done, starts
 fetches as staging buffers come back, and reports the requests whose load is over.
 
+A step that computes nothing (vLLM steps back to back while requests wait for their KV)
+may first :meth:`AsyncLoads.wait_progress`: a few milliseconds at most, woken by the
+next chunk or lookup to finish, so an idle engine does not spin a core that the reads
+and copies need.
+
 Blocks are written only while their load is live: vLLM keeps them allocated until the
 request is reported. A load still running ``deadline_s`` after it started is abandoned
 under the job's lock: no copy into vLLM's blocks starts afterwards (one already running
@@ -109,6 +114,12 @@ class AsyncLoads:
         self.rate_by_tier: dict[str, list[float]] = {}
         #: (tier, bytes, seconds) of each finished load since :meth:`take_observations`
         self._observations: list[tuple[str, int, float]] = []
+        #: set by every finished fetch and lookup; cleared by :meth:`poll`
+        self._progress = threading.Event()
+        self._scatter_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix="lmcache-scatter"
+        )
+        self.idle_wait_seconds = 0.0
 
     @property
     def active(self) -> int:
@@ -129,7 +140,17 @@ class AsyncLoads:
         job.lookup = self.storage.submit(
             self.storage.hierarchy.lookup_prefix(keys, lease_s=self.deadline_s + 30.0)
         )
+        job.lookup.add_done_callback(lambda _: self._progress.set())
         self._jobs[req_id] = job
+
+    def wait_progress(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` until a fetch or lookup finishes since the last
+        :meth:`poll` (at once when one has, or when no load runs)."""
+        if not self._jobs or self._progress.is_set():
+            return
+        t0 = time.perf_counter()
+        self._progress.wait(timeout_s)
+        self.idle_wait_seconds += time.perf_counter() - t0
 
     def cancel(self, req_ids: set[str]) -> None:
         """The requests finished (aborted): load nothing more into their blocks."""
@@ -181,7 +202,9 @@ class AsyncLoads:
     async def _fetch(self, job: _Job, i: int, buf: torch.Tensor) -> bool:
         if not await self.storage.hierarchy.get_into(job.keys[i], buf):
             return False
-        return await asyncio.to_thread(self._scatter, job, i, buf)
+        # (its own threads: the IO loop's default pool may run at a lower priority)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._scatter_pool, self._scatter, job, i, buf)
 
     def _scatter(self, job: _Job, i: int, buf: torch.Tensor) -> bool:
         """Copy a fetched chunk into the request's blocks, unless the load is over."""
@@ -209,6 +232,7 @@ class AsyncLoads:
             self.buffers.give(buf)
             job.last_fetch = time.monotonic()
             job.done.append((i, ok))  # list.append is atomic
+            self._progress.set()
 
         return done
 
@@ -217,6 +241,7 @@ class AsyncLoads:
         """Collect finished fetches, start more, abandon loads past their deadline, and
         report the loads that are over."""
         out = LoadOutcome()
+        self._progress.clear()  # (what finishes from here on sets it again)
         now = time.monotonic()
         for req_id, job in list(self._jobs.items()):
             if job.lookup is not None and job.lookup.done():
@@ -309,6 +334,7 @@ class AsyncLoads:
             else:
                 self.storage.release_soon(job.pinned)
         self._jobs.clear()
+        self._scatter_pool.shutdown(wait=False)
 
     def pending_fetches(self) -> Any:
         """Fetches still running (tests)."""

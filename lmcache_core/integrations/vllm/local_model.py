@@ -20,7 +20,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHAT_TEMPLATE", "ModelSpec", "make_local_model", "vocabulary", "words_to_text"]
+__all__ = [
+    "CHAT_TEMPLATE",
+    "DEMO_SPEC",
+    "ModelSpec",
+    "make_local_model",
+    "vocabulary",
+    "words_to_text",
+]
 
 #: Chat template written into ``tokenizer_config.json`` (chat completions need one). Each
 #: message is ``<role word> : <content>``; the role words are in every vocabulary.
@@ -86,6 +93,21 @@ class ModelSpec:
     #: attention every other layer) or deepseek_v2 (MLA attention)
     architecture: str = "llama"
     sliding_window: int | None = None  # mistral and gemma2
+
+
+#: The demo's model (``make demo``, ``make serve``, ``lmcache-core bench rag``): an
+#: 8-layer float32 Llama (~25M parameters, 16 KiB of KV per token), made locally.
+DEMO_SPEC = ModelSpec(
+    vocab_size=4096,
+    hidden_size=512,
+    intermediate_size=1536,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    max_position_embeddings=8192,
+    seed=0,
+    head_scale=12.0,
+)
 
 
 def vocabulary(size: int) -> list[str]:

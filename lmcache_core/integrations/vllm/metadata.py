@@ -68,6 +68,13 @@ class StepMetadata(KVConnectorMetadata):
     private tiers before any load of the step; ``failed_async`` names requests whose
     background load could not be planned whole (several KV-cache groups: vLLM takes no
     block-level errors there, the workers report the request's load as failed).
+    ``chains`` (only with a placement
+    policy configured) holds, per request scheduled for the first time, the hashes of
+    its prompt's full chunks in order: the workers tell their hierarchy's policies
+    (``observe_prefix``), which would otherwise see neither the misses nor the chain.
+    ``idle`` says the step computes nothing
+    (vLLM steps back to back while a request waits for its KV: a worker with background
+    loads running may then wait for them instead of returning at once).
     """
 
     step: int = 0
@@ -82,6 +89,9 @@ class StepMetadata(KVConnectorMetadata):
     failed_async: list[str] = field(default_factory=list)
     #: ``reset_cache`` was called: clear the private tiers before this step's loads
     reset: bool = False
+    chains: list[list[int]] = field(default_factory=list)
+    #: the step schedules no tokens (nothing waits on the worker but its own loads)
+    idle: bool = False
 
     def is_empty(self) -> bool:
         return not (
@@ -93,6 +103,7 @@ class StepMetadata(KVConnectorMetadata):
             or self.failed_async
             or self.release
             or self.finish_after_save
+            or self.chains
         )
 
 

@@ -185,6 +185,9 @@ class SchedulerSide:
         self._chunk_bytes = 0
         self._group = 0  # vLLM's id of the KV-cache group whose blocks are copied
         self._others: tuple[int, ...] = ()  # the other restored groups (HMA), row order
+        pl = ctx.storage_config.placement
+        #: send new requests' chunk chains to the workers' placement policies
+        self._observe = pl is not None and pl.policy != "lru"
         if self.disabled:
             if ctx.disabled_expected:
                 log.info("LMCacheCoreConnector serves no hits for this model: %s", self.disabled)
@@ -480,7 +483,12 @@ class SchedulerSide:
     # ------------------------------------------------------------------ planning
     def build_meta(self, scheduler_output: Any) -> StepMetadata:
         self.step += 1
-        meta = StepMetadata(step=self.step, acked=self.acked, reset=self._reset_pending)
+        meta = StepMetadata(
+            step=self.step,
+            acked=self.acked,
+            reset=self._reset_pending,
+            idle=not getattr(scheduler_output, "total_num_scheduled_tokens", 1),
+        )
         self._reset_pending = False
         if self.disabled or self.taint is None:
             return meta
@@ -510,6 +518,8 @@ class SchedulerSide:
                 taint.fresh(new_ids[self._group])
             steps.append((req_id, cached.num_computed_tokens[i], None))
 
+        if self._observe:
+            meta.chains = self._new_chains(scheduler_output)
         tables: dict[str, list[list[int]] | None] = {}
 
         def table(req_id: str, fallback: list[list[int]] | None) -> list[list[int]] | None:
@@ -541,6 +551,20 @@ class SchedulerSide:
         )
         self.counters.saves_planned += len(meta.saves)
         return meta
+
+    def _new_chains(self, scheduler_output: Any) -> list[list[int]]:
+        """The prompt chunk hashes of each request scheduled for the first time."""
+        cs = self.ctx.chunk_size
+        out = []
+        for new in scheduler_output.scheduled_new_reqs:
+            st = self.reqs.get(new.req_id)
+            if st is None or not st.keyable or not st.hashes:
+                continue
+            prompt = getattr(st.request, "num_prompt_tokens", None)
+            n = len(st.hashes) if not isinstance(prompt, int) else prompt // cs
+            if n > 0:
+                out.append(st.hashes[:n])
+        return out
 
     def _save_limit(self, st: _Req, done: int) -> int:
         """Chunks of ``st`` whose KV exists after ``done`` computed tokens and whose tokens

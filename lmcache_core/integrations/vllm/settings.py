@@ -109,6 +109,19 @@ class ConnectorOptions:
         minimum=1,
         doc="Chunks the scheduler remembers as stored by its workers (LRU beyond).",
     )
+    layerwise_loads: bool = option(
+        True,
+        doc="On CPU, copy a memory-tier hit into vLLM's blocks layer by layer beside the "
+        "forward pass (each attention layer waits for its own copies) instead of before it.",
+    )
+    copy_nice: int = option(
+        10,
+        minimum=0,
+        maximum=19,
+        doc="Niceness added to the worker's copy threads (stored and promoted chunks into "
+        "its memory tier), so background copies take the CPU the forward pass leaves idle; "
+        "0: same priority as vLLM.",
+    )
     reset_shared_tiers: bool = option(
         False,
         doc="reset_cache also deletes this model's chunks (its namespace) from the shared "

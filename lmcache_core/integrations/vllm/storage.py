@@ -18,6 +18,7 @@ import atexit
 import concurrent.futures
 import dataclasses
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
@@ -29,9 +30,34 @@ from ...hierarchy.tiered import PrefixLookup, TieredHierarchy
 from ...keys import CacheEngineKey, Namespace
 from ...sync import SyncBackend
 
-__all__ = ["Lookup", "Storage", "load_storage_config", "pinned_keys", "replica_storage_config"]
+__all__ = [
+    "COPY_THREAD_PREFIX",
+    "Lookup",
+    "Storage",
+    "load_storage_config",
+    "pinned_keys",
+    "replica_storage_config",
+]
 
 log = logging.getLogger("vllm.lmcache_core.storage")
+#: Name prefix of the worker storage's copy threads (see ``Storage(copy_nice=...)``).
+COPY_THREAD_PREFIX = "lmcache-copy"
+
+
+def lower_thread_priority(increment: int) -> None:
+    """Make the calling thread nicer by ``increment`` (at most 19; Linux: per thread).
+    Does nothing where not supported."""
+    if increment <= 0:
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(
+            os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment)
+        )
+    except (OSError, AttributeError):
+        pass
+
+
 T = TypeVar("T")
 
 
@@ -90,6 +116,7 @@ class Storage:
         *,
         shared_only: bool = False,
         timeout_s: float | None = None,
+        copy_nice: int = 0,
     ) -> None:
         if shared_only:
             tiers = [
@@ -106,8 +133,27 @@ class Storage:
         self.hierarchy = TieredHierarchy(config, namespace=namespace, name="vllm-connector")
         backend: Any = self.hierarchy
         self.sync = SyncBackend(backend, timeout=timeout_s)
+        if copy_nice > 0:
+            self._lower_copy_priority(copy_nice)
         self.sync.start()
         _close_before_thread_pools_stop(self)
+
+    def _lower_copy_priority(self, nice: int) -> None:
+        """Run the IO loop's helper threads (``asyncio.to_thread``: the memory tier's
+        copies of stored and promoted chunks) ``nice`` steps below the process, so they
+        take the CPU vLLM's forward pass leaves idle rather than slow it. The loop
+        itself (lookups, load completions) keeps its priority."""
+        pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=4,
+            thread_name_prefix=COPY_THREAD_PREFIX,
+            initializer=lower_thread_priority,
+            initargs=(nice,),
+        )
+
+        async def install() -> None:
+            asyncio.get_running_loop().set_default_executor(pool)
+
+        self.sync.io.run(install())
 
     @classmethod
     def lookup_view(

@@ -42,6 +42,7 @@ __all__ = [
     "PROMPTS",
     "TrainSpec",
     "find_trained_model",
+    "heldout_windows",
     "load_prompts",
     "main",
     "make_trained_model",
@@ -374,6 +375,51 @@ def load_prompts(model_dir: str | os.PathLike[str]) -> list[list[int]]:
     """The held-out prompts (token ids) shipped with a trained model."""
     data = json.loads((Path(model_dir) / PROMPTS).read_text())
     return [list(p["token_ids"]) for p in data["prompts"]]
+
+
+def heldout_windows(
+    model_dir: str | os.PathLike[str],
+    tokens: int,
+    count: int,
+    sources: Sequence[tuple[str, str]] | None = None,
+) -> list[list[int]]:
+    """``count`` windows of ``tokens`` token ids from the trained model's held-out split,
+    each inside one held-out file, spread evenly over all such windows (as the shipped
+    prompts are, at any length: the codec benchmark needs prompts longer than the part
+    it loads from a tier).
+
+    Tokenized with the model's own tokenizer; the held-out files are the standard
+    library's, split as at training. Raises ``ValueError`` when the sources are not the
+    ones the model was trained on (another Python: the split would differ) or when the
+    held-out split has fewer windows than ``count``.
+    """
+    from tokenizers import Tokenizer
+
+    path = Path(model_dir)
+    meta = _read_metadata(path)
+    if meta is None or "spec" not in meta:
+        raise ValueError(f"{path}: not a trained measuring model (no {METADATA})")
+    every = int(meta["spec"].get("heldout_every", TrainSpec.heldout_every))
+    sources = stdlib_sources() if sources is None else sources
+    digest = meta.get("corpus", {}).get("digest")
+    if digest is not None and digest != _digest(sources):
+        raise ValueError(
+            f"{path} was trained on other standard-library sources than this Python's "
+            "(its held-out split cannot be rebuilt here): run make model"
+        )
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    windows: list[list[int]] = []
+    for name, text in sources:
+        if not _is_heldout(name, every):
+            continue
+        ids = tok.encode(text).ids
+        windows.extend(ids[s : s + tokens] for s in range(0, len(ids) - tokens + 1, tokens))
+    if len(windows) < count:
+        raise ValueError(
+            f"the held-out split has {len(windows)} windows of {tokens} tokens, {count} asked"
+        )
+    step = len(windows) / count
+    return [windows[int(i * step)] for i in range(count)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -31,6 +31,7 @@ from ...keys import CacheEngineKey
 from .connector_stats import ConnectorStats, StatsDelta
 from .context import ConnectorContext
 from .group_copier import GroupedCopier
+from .layer_copy import LayerCopies, Segment
 from .layout import BlockCopier, UnsupportedModel, check_attention_backends
 from .loads import AsyncLoads
 from .metadata import ChunkLoad, StepMetadata, WorkerReport
@@ -51,6 +52,11 @@ OFFERED_FRACTION = 0.75
 WITHDRAW_WINDOW = 4
 #: Tier health goes into vLLM's statistics when it changes, and at least this often.
 HEALTH_EVERY_S = 5.0
+#: In a step that computes nothing while background loads run, ``get_finished`` waits up
+#: to this long for one of them to progress: vLLM steps back to back while requests wait
+#: for their KV, and that loop would otherwise hold a core the reads and copies need
+#: (a request arriving meanwhile starts at most this much later).
+IDLE_WAIT_S = 0.005
 
 
 @dataclass
@@ -88,6 +94,7 @@ class WorkerSide:
         self.db: Any = None
         self.counters = _Counters()
         self._sync_buffers: ChunkBuffers | None = None
+        self.layer_copies: LayerCopies | None = None
         self._errors: set[int] = set()
         #: several KV-cache groups: vLLM takes no block-level errors, a failed background
         #: load is reported per request (``failed_recving``)
@@ -98,6 +105,7 @@ class WorkerSide:
         self._reported_disabled = False
         self._dirty = False
         self._step = -1
+        self._idle = False  # the current step computes nothing
         self._evicted: list[int] = []
         self._fail_policy = ctx.failure_policy != "recompute"
         self._report_stored = True
@@ -162,6 +170,9 @@ class WorkerSide:
                 )
             else:
                 self.copier = BlockCopier([kv_caches[n] for n in layers], num_blocks)
+                per_layer = self.copier.views
+                if ctx.settings.options.layerwise_loads and LayerCopies.usable(per_layer):
+                    self.layer_copies = LayerCopies(layers, per_layer)
         except UnsupportedModel as exc:
             self._disable(str(exc))
             return
@@ -169,7 +180,7 @@ class WorkerSide:
         config = ctx.storage_config
         if not ctx.is_writer(self.rank):
             config, self._saves_off = replica_storage_config(config)
-        self.storage = Storage(config, ctx.namespace)
+        self.storage = Storage(config, ctx.namespace, copy_nice=ctx.settings.options.copy_nice)
         self._open_transfers()
         copier, storage = self.copier, self.storage
         log.info(
@@ -282,6 +293,14 @@ class WorkerSide:
 
     def start_load(self, meta: StepMetadata) -> None:
         self._begin(meta)
+        if meta.chains and self.storage is not None and self.db is not None:
+            observe = self.storage.hierarchy.observe_prefix
+            try:
+                for hashes in meta.chains:
+                    observe([self.db.make_key(h) for h in hashes])
+            except Exception:  # a policy's failure must not fail the step
+                log.exception("LMCacheCoreConnector: placement policy failed to observe")
+        self._idle = meta.idle
         if meta.failed_blocks:
             self._errors.update(meta.failed_blocks)
             for b in meta.failed_blocks:
@@ -381,8 +400,14 @@ class WorkerSide:
         if borrowed is None:
             return None
         t2 = time.perf_counter()
-        ok = [False] * len(loads)
         shape = self.copier.chunk_shape(self.ctx.blocks_per_chunk)
+        if self.layer_copies is not None:
+            ok_layered = self._start_layer_copies(loads, borrowed, shape)
+            if ok_layered is not None:
+                c.read_seconds += t2 - t1
+                c.scatter_seconds += time.perf_counter() - t2  # (planning; copies beside)
+                return ok_layered
+        ok = [False] * len(loads)
         events = []
         try:
             for j, b in enumerate(borrowed):
@@ -407,6 +432,43 @@ class WorkerSide:
         c.read_seconds += t2 - t1  # the borrows (no copy)
         c.scatter_seconds += time.perf_counter() - t2
         return ok
+
+    def _start_layer_copies(
+        self,
+        loads: list[ChunkLoad],
+        borrowed: list[tuple[object, Any] | None],
+        shape: tuple[int, ...],
+    ) -> list[bool] | None:
+        """Start copying the borrowed chunks into their blocks layer by layer beside the
+        forward pass (:mod:`.layer_copy`); the borrows end after the last layer. ``None``
+        (nothing started, borrows kept) when a copy would not be one contiguous run."""
+        assert self.copier is not None and self.storage is not None
+        assert self.layer_copies is not None
+        ok = [False] * len(loads)
+        per_layer: list[list[Segment]] = [[] for _ in range(self.copier.num_layers)]
+        for j, b in enumerate(borrowed):
+            if b is None:
+                continue
+            view = b[1]
+            if view.dtype != self.copier.dtype or tuple(view.shape) != shape:
+                continue  # foreign data: a miss
+            ld = loads[j]
+            if not self.layer_copies.plan(per_layer, view, ld.skip, ld.block_ids):
+                return None
+            ok[j] = True
+        storage = self.storage
+        handles = [b[0] for b in borrowed if b is not None]
+        self.layer_copies.start(per_layer, lambda: storage.end_borrows(handles))
+        return ok
+
+    def wait_for_layer(self, layer_name: str) -> None:
+        """Before ``layer_name``'s attention reads its KV: its copies are done."""
+        if self.layer_copies is not None:
+            self.layer_copies.wait_layer(layer_name)
+
+    def _layers_done(self) -> None:
+        if self.layer_copies is not None:
+            self.layer_copies.wait_all()
 
     def _load_staged(self, loads: list[ChunkLoad], keys: list[CacheEngineKey]) -> list[bool]:
         """Two copies per chunk: from the memory tier into a staging buffer, then into the
@@ -462,6 +524,7 @@ class WorkerSide:
 
     # ------------------------------------------------------------------ saves
     def save(self, meta: StepMetadata) -> None:
+        self._layers_done()  # (the forward pass waited for each layer; this ends the batch)
         self._begin(meta)
         if not meta.saves or self._saves_off:
             return
@@ -492,10 +555,14 @@ class WorkerSide:
 
     # ------------------------------------------------------------------ results
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        self._layers_done()
         recving: set[str] = set()
         if self.loads is not None:
             if finished_req_ids:
                 self.loads.cancel(finished_req_ids)
+            elif self._idle:
+                self.loads.wait_progress(IDLE_WAIT_S)
+            self._idle = False
             out = self.loads.poll()
             recving = out.finished
             if out.failed_blocks:
@@ -714,6 +781,13 @@ class WorkerSide:
                 "read": round(c.read_seconds, 6),
                 "scatter": round(c.scatter_seconds, 6),
                 "async_scatter": round(ld.scatter_seconds, 6) if ld is not None else 0.0,
+                "async_idle_wait": round(ld.idle_wait_seconds, 6) if ld is not None else 0.0,
+                "layer_copies": round(self.layer_copies.copy_seconds, 6)
+                if self.layer_copies is not None
+                else 0.0,
+                "layer_waits": round(self.layer_copies.wait_seconds, 6)
+                if self.layer_copies is not None
+                else 0.0,
             },
             "save_breakdown_seconds": {
                 "gather": round(sv.gather_seconds, 6) if sv is not None else 0.0,

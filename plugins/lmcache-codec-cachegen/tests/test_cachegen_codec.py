@@ -1,5 +1,5 @@
 """The CacheGen-style codec against the codec contract, with its error bound, and what
-its parts (anchors, depth bands, entropy coders) buy."""
+its parts (anchor schemes, depth bands, entropy coders) buy."""
 
 from __future__ import annotations
 
@@ -43,15 +43,15 @@ class TestCacheGen(CodecContract):
     def error_bound(self, codec: KVCodec, x: torch.Tensor) -> torch.Tensor:
         if x.numel() == 0:
             return x
-        ct = _channel_tokens(x)
-        bits = min(codec.options()["bits"])
-        m = (1 << bits - 1) - 1
-        rng = ct.amax(dim=1, keepdim=True) - ct.amin(dim=1, keepdim=True)
-        a_step = rng / 255
-        bound = (
-            a_step / 2 + (rng + a_step) / (2 * m) + 1e-5 * (ct.abs().amax(dim=1, keepdim=True) + 1)
-        )
-        return _bound_like(x, bound.expand_as(ct).contiguous())
+        ct = _channel_tokens(x).double()
+        levels = (1 << min(codec.options()["bits"])) - 1
+        lo = ct.amin(dim=1, keepdim=True)
+        rng = ct.amax(dim=1, keepdim=True) - lo
+        # half a step of the channel's grid; float16 rounding of the minimum (down) and
+        # the step (up) widen it a little
+        step = (rng + lo.abs() * 2**-10) / levels * (1 + 2**-9)
+        bound = step / 2 + 1e-5 * (ct.abs().amax(dim=1, keepdim=True) + 1)
+        return _bound_like(x, bound.expand_as(ct).float().contiguous())
 
 
 class TestCacheGenRange(TestCacheGen):
@@ -62,6 +62,14 @@ class TestCacheGenRange(TestCacheGen):
 
 class TestCacheGenLowBits(TestCacheGen):
     options: ClassVar[dict[str, Any]] = {"bits": [6, 5, 4], "group_tokens": 10}
+
+
+class TestCacheGenAnchored(TestCacheGen):
+    options: ClassVar[dict[str, Any]] = {"bits": [7], "anchor": "first", "group_tokens": 8}
+
+
+class TestCacheGenDirect(TestCacheGen):
+    options: ClassVar[dict[str, Any]] = {"anchor": "none"}
 
 
 def test_depth_bands_spend_bits_where_asked() -> None:
@@ -106,24 +114,51 @@ def _drifting(rows: int, tokens: int) -> torch.Tensor:
     return base + torch.cumsum(torch.randn(rows, tokens, generator=g) * 0.05, dim=1)
 
 
-def test_anchor_groups_cut_the_error_at_the_same_size() -> None:
-    """Deltas against a nearby anchor are smaller than against a far one: at the same
-    bits the error drops, for about the same bytes."""
-    x = _drifting(256, 256)
-    results = {}
-    for g in (16, 256):
-        codec = CacheGenCodec(bits=[5], group_tokens=g)
-        buf = bytes(codec.encode(x))
-        out = torch.empty_like(x)
-        codec.decode_into(buf, out)
-        results[g] = (len(buf), float((out - x).abs().mean()))
-    assert results[16][1] < results[256][1] / 2
-    assert results[16][0] < results[256][0] * 1.4  # the anchors' 8 bits cost some bytes
+def _coded(codec: CacheGenCodec, x: torch.Tensor) -> tuple[int, float]:
+    buf = bytes(codec.encode(x))
+    out = torch.empty_like(x)
+    codec.decode_into(buf, out)
+    return len(buf), float((out - x).abs().max())
+
+
+def test_anchors_cut_the_bytes_of_smooth_channels_not_the_error() -> None:
+    """Codes against a nearby anchor are small where channels drift slowly: fewer bytes,
+    the same error (the difference is exact); ``auto`` finds that; on noise it codes
+    directly, which is smaller there."""
+    smooth = _drifting(256, 256)
+    sizes = {}
+    for anchor in ("none", "first", "auto"):
+        sizes[anchor], err = _coded(CacheGenCodec(bits=[8], anchor=anchor), smooth)
+        assert err == _coded(CacheGenCodec(bits=[8], anchor="none"), smooth)[1]
+    assert sizes["first"] < sizes["none"] * 0.92
+    assert sizes["auto"] == sizes["first"]
+    noise = torch.randn(256, 256, generator=torch.Generator().manual_seed(4))
+    direct, _ = _coded(CacheGenCodec(bits=[6], anchor="none"), noise)
+    anchored, _ = _coded(CacheGenCodec(bits=[6], anchor="first"), noise)
+    auto, _ = _coded(CacheGenCodec(bits=[6], anchor="auto"), noise)
+    assert direct < anchored and auto == direct
+
+
+def test_a_stream_of_another_anchor_scheme_is_refused() -> None:
+    from lmcache_core.codecs import CodecError
+
+    x = _drifting(64, 128)
+    buf = bytes(CacheGenCodec(anchor="first").encode(x))
+    CacheGenCodec(anchor="auto").decode_into(buf, torch.empty_like(x))  # auto reads both
+    with pytest.raises(CodecError, match="anchor"):
+        CacheGenCodec(anchor="none").decode_into(buf, torch.empty_like(x))
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"bits": []}, {"bits": [9]}, {"group_tokens": 1}, {"entropy": "huffman"}, {"level": 0}],
+    [
+        {"bits": []},
+        {"bits": [9]},
+        {"group_tokens": 1},
+        {"anchor": "middle"},
+        {"entropy": "huffman"},
+        {"level": 0},
+    ],
 )
 def test_bad_options_raise(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):

@@ -1,5 +1,6 @@
-"""The ``cachegen`` codec: token groups, deltas against an anchor, bits by layer depth,
-entropy coding. The design is described in this distribution's README.
+"""The ``cachegen`` codec: per-channel quantization with bits by layer depth, token groups
+coded against an anchor where that pays, entropy coding. The design is described in this
+distribution's README.
 
 Tensor view. A vLLM CPU chunk ``[L, B, H, N, 2D]`` (layers, blocks, KV heads, block
 size, K|V content, K stored transposed inside each block and head) is read as
@@ -8,14 +9,19 @@ size, K|V content, K stored transposed inside each block and head) is read as
 rows, last]``), so the codec accepts every float tensor, with CacheGen's structure only
 where the layout is known.
 
-Per chunk: tokens are cut into groups of ``group_tokens``; the first token of a group is
-its anchor, stored with 8-bit asymmetric quantization per channel; every other token is
-stored as its delta from the *decoded* anchor, quantized symmetrically per channel with
-``bits[band]`` bits, where the layer's depth band (first, middle, last third of the layers)
-picks the entry of ``bits``. Anchor and delta codes are then entropy-coded (``zstd`` or a
-``range`` coder, per K/V tensor and layer). Error bound per element: the delta step / 2
-(``max|delta| / (2**bits - 2)`` of its channel) plus the rounding to the output dtype;
-anchors: their step / 2.
+Per chunk: every channel of every K/V tensor of every layer is quantized over the chunk's
+tokens with ``2**bits - 1`` levels (asymmetric: a minimum and a step per channel, float16
+-- float32 when a value is beyond float16's range -- the minimum rounded down and the
+step up, so the stored grid covers every value), where the layer's depth band picks the
+entry of ``bits``. Tokens are cut into groups of ``group_tokens``; the first token of a
+group is its anchor. Per K or V tensor of each layer, the codes of the other tokens are
+stored either as they are or as their difference from the anchor's code (modulo
+``2**bits``: exact, so the anchor scheme never changes the error); ``anchor: auto``
+picks, per tensor and chunk, whichever has the smaller empirical entropy. The codes are
+then entropy-coded (``zstd`` or a ``range`` coder, one context per tensor and layer).
+Error bound per element: half the step of its channel, ``(max - min) / (2**bits - 1) /
+2`` (a little more from the float16 rounding of minimum and step), plus the rounding to
+the output dtype.
 """
 
 from __future__ import annotations
@@ -37,13 +43,18 @@ from lmcache_core.codecs import (
 
 from .entropy import ENTROPY_CODERS, decode_symbols, encode_symbols
 
-__all__ = ["CacheGenCodec"]
+__all__ = ["ANCHOR_SCHEMES", "CacheGenCodec"]
 
 _TAG = b"CGEN"
-_VERSION = 1
-# kv, layers, rows, tokens, group, coder, vllm layout flag, reserved
+_VERSION = 2
+# kv, layers, rows, tokens, group, coder, vllm layout flag, parameter flags
 _HEAD = struct.Struct("<BBHIIIBBH")
 _VLLM_CPU = 1
+_F32_PARAMS = 1
+#: How the codes of a token group's other tokens are stored (see the module docstring).
+ANCHOR_SCHEMES = ("auto", "first", "none")
+_DIRECT, _DELTA = 0, 1
+_F16_LIMIT = 60000.0
 
 
 def _bands(layers: int, bits: Sequence[int]) -> list[int]:
@@ -51,12 +62,21 @@ def _bands(layers: int, bits: Sequence[int]) -> list[int]:
     return [bits[(i * len(bits)) // layers] for i in range(layers)]
 
 
+def _entropy_bits(counts: np.ndarray[Any, Any]) -> float:
+    """Total bits of an order-0 code of symbols with these counts."""
+    c = counts[counts > 0].astype(np.float64)
+    n = c.sum()
+    return float(-(c * np.log2(c / n)).sum()) if n else 0.0
+
+
 class CacheGenCodec:
     """CacheGen-style KV compression (codec name ``cachegen``, lossy).
 
-    Options: ``bits`` (delta bits per depth band, shallow to deep, 2-8 each; default
-    ``[8, 7, 6]``), ``group_tokens`` (tokens per group, the first one the anchor; 2-256;
-    default 16), ``entropy`` (``zstd`` or ``range``), ``level`` (zstd's level).
+    Options: ``bits`` (quantization bits per depth band, shallow to deep, 2-8 each;
+    default ``[8]``), ``group_tokens`` (tokens per group, the first one the anchor;
+    2-256; default 16), ``anchor`` (``auto``, ``first``: always code against the anchor,
+    ``none``: never; default ``auto``), ``entropy`` (``zstd`` or ``range``), ``level``
+    (zstd's level).
     """
 
     name = "cachegen"
@@ -64,8 +84,9 @@ class CacheGenCodec:
 
     def __init__(
         self,
-        bits: Sequence[int] = (8, 7, 6),
+        bits: Sequence[int] = (8,),
         group_tokens: int = 16,
+        anchor: str = "auto",
         entropy: str = "zstd",
         level: int = 3,
     ) -> None:
@@ -84,20 +105,30 @@ class CacheGenCodec:
             or not 2 <= group_tokens <= 256
         ):
             raise ValueError(f"group_tokens must be an integer 2-256, not {group_tokens!r}")
+        if anchor not in ANCHOR_SCHEMES:
+            raise ValueError(f"anchor must be one of {', '.join(ANCHOR_SCHEMES)}, not {anchor!r}")
         if entropy not in ENTROPY_CODERS:
             raise ValueError(f"entropy must be one of {', '.join(ENTROPY_CODERS)}, not {entropy!r}")
         if isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= 22:
             raise ValueError(f"level must be an integer 1-22, not {level!r}")
         self.bits = bits
         self.group_tokens = group_tokens
+        self.anchor = anchor
         self.entropy = entropy
         self.level = level
         self._scratch = Scratch()
 
     def options(self) -> dict[str, Any]:
         """The options recorded with every object (``level`` changes only the bytes'
-        size, not what decodes: it is left out so levels share a namespace)."""
-        return {"bits": list(self.bits), "entropy": self.entropy, "group_tokens": self.group_tokens}
+        size, not what decodes: it is left out so levels share a namespace; ``anchor``
+        likewise, each stream records its choice, but it is kept: it is a setting worth
+        seeing in a namespace)."""
+        return {
+            "anchor": self.anchor,
+            "bits": list(self.bits),
+            "entropy": self.entropy,
+            "group_tokens": self.group_tokens,
+        }
 
     # ------------------------------------------------------------------ layout
     @staticmethod
@@ -123,17 +154,15 @@ class CacheGenCodec:
         return [k, v]
 
     def _gather(
-        self, tensor: torch.Tensor, kv: int, L: int, R: int, T: int, Tp: int, flag: int
+        self, tensor: torch.Tensor, kv: int, L: int, R: int, T: int, flag: int
     ) -> torch.Tensor:
-        x = self._scratch.get("x", kv * L * R * Tp, torch.float32).view(kv, L, R, Tp)
+        x = self._scratch.get("x", kv * L * R * T, torch.float32).view(kv, L, R, T)
         if flag == _VLLM_CPU:
             _, B, H, N, C = tensor.shape
             for i, view in enumerate(self._kv_views(tensor)):
-                x[i, :, :, :T].view(L, H, C // 2, B, N).copy_(view)
+                x[i].view(L, H, C // 2, B, N).copy_(view)
         else:
-            x[0, 0, :, :T].copy_(tensor.reshape(R, T))
-        if Tp > T:
-            x[..., T:].copy_(x[..., T - 1 : T].expand(kv, L, R, Tp - T))
+            x[0, 0].copy_(tensor.reshape(R, T))
         return x
 
     def _scatter(
@@ -142,9 +171,18 @@ class CacheGenCodec:
         if flag == _VLLM_CPU:
             _, B, H, N, C = out.shape
             for i, view in enumerate(self._kv_views(out)):
-                view.copy_(x[i, :, :, :T].view(L, H, C // 2, B, N))
+                view.copy_(x[i].view(L, H, C // 2, B, N))
         else:
-            out.view(R, T).copy_(x[0, 0, :, :T])
+            out.view(R, T).copy_(x[0, 0])
+
+    @staticmethod
+    def _contexts(
+        kv: int, L: int, R: int, ng: int, g: int, layer_bits: Sequence[int]
+    ) -> list[tuple[int, int, int]]:
+        """``(start, stop, alphabet)`` of each entropy context: the codes of one K or V
+        tensor of one layer (anchors first, then the other tokens)."""
+        per = R * ng * g
+        return [(i * per, (i + 1) * per, 1 << layer_bits[i % L]) for i in range(kv * L)]
 
     # ------------------------------------------------------------------ encode
     def encode(self, tensor: torch.Tensor) -> memoryview:
@@ -157,71 +195,96 @@ class CacheGenCodec:
         ng = -(-T // g) if T else 0
         Tp = ng * g
         coder = ENTROPY_CODERS.index(self.entropy)
-        head = _HEAD.pack(kv, L, 0, R, T, g, coder, flag, 0)
         layer_bits = _bands(L, self.bits)
-        nparams = 3 * kv * L * R
         if tensor.numel() == 0:
-            return self._finish(tensor, head, layer_bits, torch.empty(0), b"")
-        x = self._gather(tensor, kv, L, R, T, Tp, flag)
+            head = _HEAD.pack(kv, L, 0, R, T, g, coder, flag, 0)
+            return self._finish(tensor, head, layer_bits, b"", torch.empty(0), b"")
+        x = self._gather(tensor, kv, L, R, T, flag)
         if not bool(torch.isfinite(x).all()):
             raise CodecError("cachegen cannot encode non-finite KV values")
-        xg = x.view(kv, L, R, ng, g)
-        anchors = xg[..., 0]
-        params = torch.empty(3, kv, L, R, dtype=torch.float32)
-        a_min, a_max = anchors.amin(dim=-1), anchors.amax(dim=-1)
-        a_scale = ((a_max - a_min) / 255.0).clamp_min(torch.finfo(torch.float32).tiny)
-        qa = anchors.sub(a_min[..., None]).div_(a_scale[..., None]).round_().clamp_(0, 255)
-        a_hat = qa * a_scale[..., None] + a_min[..., None]
-        deltas = xg[..., 1:] - a_hat[..., None]
-        m = torch.tensor([(1 << b - 1) - 1 for b in layer_bits], dtype=torch.float32).view(1, L, 1)
-        d_scale = (deltas.abs().amax(dim=(-1, -2)) / m).clamp_min(torch.finfo(torch.float32).tiny)
-        qd = deltas.div_(d_scale[..., None, None]).round_().add_(m[..., None, None])
-        qd = qd.clamp_(torch.zeros(()), (2 * m)[..., None, None])
-        params[0], params[1], params[2] = a_min, a_scale, d_scale
-        nsym = kv * L * R * ng * g
-        symbols = self._scratch.get("sym", nsym)
-        sym_a = symbols[: kv * L * R * ng].view(kv, L, R, ng)
-        sym_d = symbols[kv * L * R * ng :].view(kv, L, R, ng, g - 1)
-        sym_a.copy_(qa)
-        sym_d.copy_(qd)
+        mn, mx = x.amin(dim=-1), x.amax(dim=-1)  # [kv, L, R]
+        pflags = 0
+        pdtype = torch.float16
+        if float(mn.abs().max()) > _F16_LIMIT or float(mx.abs().max()) > _F16_LIMIT:
+            pdtype, pflags = torch.float32, _F32_PARAMS
+        # the minimum rounded down and the step up: the stored grid covers every value
+        mn_p = mn.to(pdtype)
+        over = mn_p.float() > mn
+        if bool(over.any()):
+            mn_p = torch.where(over, torch.nextafter(mn_p, torch.full_like(mn_p, -np.inf)), mn_p)
+        mn32 = mn_p.float()
+        levels = torch.tensor([(1 << b) - 1 for b in layer_bits], dtype=torch.float32)
+        step = (mx - mn32).clamp_min(0) / levels.view(1, L, 1)
+        st_p = step.to(pdtype)
+        low = st_p.float() < step
+        if bool(low.any()):
+            st_p = torch.where(low, torch.nextafter(st_p, torch.full_like(st_p, np.inf)), st_p)
+        st_p = torch.where(st_p > 0, st_p, torch.ones_like(st_p))
+        st32 = st_p.float()
+        q = self._scratch.get("q", kv * L * R * Tp).view(kv, L, R, ng, g)
+        qf = x.sub(mn32[..., None]).div_(st32[..., None]).round_()
+        qf = torch.minimum(qf, levels.view(1, L, 1, 1)).clamp_(min=0)
+        qt = q.view(kv, L, R, Tp)
+        qt[..., :T].copy_(qf)
+        if Tp > T:  # padding repeats the last token (codes only: never decoded out)
+            qt[..., T:].copy_(qt[..., T - 1 : T].expand(kv, L, R, Tp - T))
+        symbols = self._scratch.get("sym", kv * L * R * Tp).view(kv, L, R * Tp)
+        modes = bytearray(kv * L)
+        for k in range(kv):
+            for lay in range(L):
+                modes[k * L + lay] = self._code_context(
+                    q[k, lay], symbols[k, lay], layer_bits[lay], ng, g
+                )
         payload = encode_symbols(
-            symbols.numpy(), self._contexts(kv, L, R, ng, g, layer_bits), self.entropy, self.level
+            symbols.view(-1).numpy(),
+            self._contexts(kv, L, R, ng, g, layer_bits),
+            self.entropy,
+            self.level,
         )
-        assert params.numel() == nparams
-        return self._finish(tensor, head, layer_bits, params, payload)
+        params = torch.stack([mn_p, st_p]).to(pdtype)
+        head = _HEAD.pack(kv, L, 0, R, T, g, coder, flag, pflags)
+        return self._finish(tensor, head, layer_bits, bytes(modes), params, payload)
 
-    @staticmethod
-    def _contexts(
-        kv: int, L: int, R: int, ng: int, g: int, layer_bits: Sequence[int]
-    ) -> list[tuple[int, int, int]]:
-        """``(start, stop, alphabet)`` of each entropy context: anchors then deltas of
-        each (kv, layer)."""
-        ctx: list[tuple[int, int, int]] = []
-        na = R * ng
-        for i in range(kv * L):
-            ctx.append((i * na, (i + 1) * na, 256))
-        base = kv * L * na
-        nd = R * ng * (g - 1)
-        for i in range(kv * L):
-            ctx.append(
-                (base + i * nd, base + (i + 1) * nd, 2 * ((1 << layer_bits[i % L] - 1) - 1) + 1)
-            )
-        return ctx
+    def _code_context(self, q: torch.Tensor, out: torch.Tensor, bits: int, ng: int, g: int) -> int:
+        """Write one tensor's codes ``q`` (``[R, ng, g]``) into ``out``: the anchors
+        (``[R, ng]``), then the other tokens (``[R, ng, g - 1]``) as they are or against
+        their anchor; return the mode chosen."""
+        R = q.shape[0]
+        anchors = out[: R * ng].view(R, ng)
+        rest = out[R * ng :].view(R, ng, g - 1)
+        anchors.copy_(q[..., 0])
+        rest.copy_(q[..., 1:])
+        if self.anchor == "none" or g < 2:
+            return _DIRECT
+        mask = (1 << bits) - 1
+        delta = self._scratch.get("delta", R * ng * (g - 1)).view(R, ng, g - 1)
+        torch.sub(q[..., 1:], q[..., :1], out=delta)  # uint8 arithmetic wraps modulo 256
+        delta.bitwise_and_(mask)
+        if self.anchor == "auto":
+            alphabet = 1 << bits
+            direct = np.bincount(rest.reshape(-1).numpy(), minlength=alphabet)
+            coded = np.bincount(delta.view(-1).numpy(), minlength=alphabet)
+            if _entropy_bits(coded) >= _entropy_bits(direct):
+                return _DIRECT
+        rest.copy_(delta)
+        return _DELTA
 
     def _finish(
         self,
         tensor: torch.Tensor,
         head: bytes,
         layer_bits: Sequence[int],
+        modes: bytes,
         params: torch.Tensor,
         payload: bytes,
     ) -> memoryview:
         bits_block = bytes(layer_bits) + b"\0" * (-len(layer_bits) % 8)
-        pbytes = params.numel() * 4
-        nbytes = len(head) + len(bits_block) + pbytes + len(payload)
+        modes_block = modes + b"\0" * (-len(modes) % 8)
+        pbytes = params.numel() * params.element_size()
+        nbytes = len(head) + len(bits_block) + len(modes_block) + pbytes + len(payload)
         stream = self._scratch.get("enc", FRAME_BYTES + nbytes).numpy()
         pos = FRAME_BYTES
-        for part in (head, bits_block):
+        for part in (head, bits_block, modes_block):
             stream[pos : pos + len(part)] = np.frombuffer(part, dtype=np.uint8)
             pos += len(part)
         if pbytes:
@@ -238,49 +301,81 @@ class CacheGenCodec:
         body = frame.body
         if len(body) < _HEAD.size:
             raise CodecError("cachegen stream is truncated")
-        kv, L, _, R, T, g, coder, flag, _ = _HEAD.unpack_from(body, 0)
+        kv, L, _, R, T, g, coder, flag, pflags = _HEAD.unpack_from(body, 0)
         if (kv, L, R, T, flag) != self._geometry(tuple(out.shape)):
             raise CodecError("cachegen stream was encoded for a tensor of another shape")
         if (
             coder >= len(ENTROPY_CODERS)
             or ENTROPY_CODERS[coder] != self.entropy
             or g != self.group_tokens
+            or pflags & ~_F32_PARAMS
         ):
             raise CodecError("cachegen stream was encoded with other options than this codec's")
         pos = _HEAD.size
+        if pos + L + (-L % 8) > len(body):
+            raise CodecError("cachegen stream is truncated")
         layer_bits = list(body[pos : pos + L])
         pos += L + (-L % 8)
         if layer_bits != _bands(L, self.bits):
             raise CodecError("cachegen stream was encoded with other bits than this codec's")
+        nmodes = kv * L if out.numel() else 0
+        modes = bytes(body[pos : pos + nmodes])
+        pos += nmodes + (-nmodes % 8)
         if out.numel() == 0:
             if pos != len(body):
                 raise CodecError("stream has data for an empty tensor")
             return
+        if len(modes) != nmodes or any(m not in (_DIRECT, _DELTA) for m in modes):
+            raise CodecError("cachegen stream has a damaged anchor table")
+        if (self.anchor == "none" and _DELTA in modes) or (
+            self.anchor == "first" and _DIRECT in modes
+        ):
+            raise CodecError("cachegen stream was encoded with another anchor scheme")
         ng = -(-T // g)
         Tp = ng * g
-        pbytes = 3 * kv * L * R * 4
+        pdtype = torch.float32 if pflags & _F32_PARAMS else torch.float16
+        psize = 4 if pflags & _F32_PARAMS else 2
+        pbytes = 2 * kv * L * R * psize
         if pos + pbytes > len(body):
             raise CodecError("cachegen stream is truncated")
-        params = self._scratch.get("params", 3 * kv * L * R, torch.float32)
-        params.view(torch.uint8).numpy()[:] = body[pos : pos + pbytes]
+        raw = self._scratch.get("params", pbytes)
+        raw.numpy()[:] = body[pos : pos + pbytes]
         pos += pbytes
-        params = params.view(3, kv, L, R)
-        nsym = kv * L * R * ng * g
-        symbols = self._scratch.get("sym", nsym)
+        params = self._scratch.get("p32", 2 * kv * L * R, torch.float32).view(2, kv, L, R)
+        params.copy_(raw.view(pdtype).view(2, kv, L, R))
+        symbols = self._scratch.get("sym", kv * L * R * Tp)
         decode_symbols(
-            body[pos:], symbols.numpy(), self._contexts(kv, L, R, ng, g, layer_bits), self.entropy
+            body[pos:],
+            symbols.numpy(),
+            self._contexts(kv, L, R, ng, g, layer_bits),
+            self.entropy,
         )
-        sym_a = symbols[: kv * L * R * ng].view(kv, L, R, ng)
-        sym_d = symbols[kv * L * R * ng :].view(kv, L, R, ng, g - 1)
+        sym = symbols.view(kv, L, R * Tp)
+        for i, mode in enumerate(modes):
+            k, lay = divmod(i, L)
+            if mode == _DELTA:
+                ctx = sym[k, lay]
+                anchors = ctx[: R * ng].view(R, ng, 1)
+                rest = ctx[R * ng :].view(R, ng, g - 1)
+                rest.add_(anchors).bitwise_and_((1 << layer_bits[lay]) - 1)
         x = self._scratch.get("x", kv * L * R * Tp, torch.float32).view(kv, L, R, ng, g)
-        m = self._scratch.get("m", L, torch.float32)
-        for i, b in enumerate(layer_bits):
-            m[i] = (1 << b - 1) - 1
-        # copy_ converts the codes in its loop; in-place ops then allocate nothing
-        anchors = x[..., 0]
-        anchors.copy_(sym_a)
-        anchors.mul_(params[1][..., None]).add_(params[0][..., None])
-        rest = x[..., 1:]
-        rest.copy_(sym_d)
-        rest.sub_(m.view(1, L, 1, 1, 1)).mul_(params[2][..., None, None]).add_(anchors[..., None])
-        self._scatter(x.view(kv, L, R, Tp), out, L, R, T, flag)
+        # codes back in token order: anchors [R, ng] -> token 0 of each group
+        for k in range(kv):
+            for lay in range(L):
+                ctx = sym[k, lay]
+                xs = x[k, lay]
+                xs[..., 0].copy_(ctx[: R * ng].view(R, ng))
+                xs[..., 1:].copy_(ctx[R * ng :].view(R, ng, g - 1))
+        x.mul_(params[1][..., None, None]).add_(params[0][..., None, None])
+        self._scatter_padded(x.view(kv, L, R, Tp), out, L, R, T, Tp, flag)
+
+    def _scatter_padded(
+        self, x: torch.Tensor, out: torch.Tensor, L: int, R: int, T: int, Tp: int, flag: int
+    ) -> None:
+        if Tp == T:
+            self._scatter(x, out, L, R, T, flag)
+            return
+        kv = x.shape[0]
+        tight = self._scratch.get("tight", kv * L * R * T, torch.float32).view(kv, L, R, T)
+        tight.copy_(x[..., :T])
+        self._scatter(tight, out, L, R, T, flag)

@@ -3,8 +3,11 @@
 ``range``: an adaptive-by-chunk range coder (``constriction``'s ``RangeEncoder``): one
 categorical model per context (a K or V tensor of one layer, anchors and deltas apart),
 fitted to the chunk's own symbol counts, which travel in the stream (16-bit counts).
-``zstd``: the symbols as bytes through zstd, whose literal section is Huffman-coded
-(zstd fits its tables per block, so it adapts to each context too).
+``zstd``: the symbols of each context as bytes through zstd, one frame per context (a
+32-bit length before each), whose literal section is Huffman-coded with tables fitted to
+that context. One frame for all contexts was measured worse: zstd keeps a block raw when
+Huffman gains too little over the whole block, and a block mixing 8-bit with 6- or 7-bit
+contexts stayed raw, 8 bits for every symbol.
 
 Both write into and read from caller buffers where the library allows: zstd decodes into
 the codec's scratch buffer; constriction returns a new int32 array per context (it has no
@@ -39,7 +42,12 @@ def encode_symbols(
     if coder == "zstd":
         import zstandard
 
-        return bytes(zstandard.ZstdCompressor(level=level).compress(symbols))
+        zc = zstandard.ZstdCompressor(level=level)
+        frames: list[bytes] = []
+        for start, stop, _ in contexts:
+            frame = zc.compress(symbols[start:stop])
+            frames += [_U32.pack(len(frame)), frame]
+        return b"".join(frames)
     import constriction
 
     parts: list[bytes] = []
@@ -60,6 +68,25 @@ def encode_symbols(
     return b"".join(parts)
 
 
+def _zstd_into(dctx: Any, frame: memoryview, target: memoryview) -> None:
+    """Decompress one zstd ``frame`` into ``target`` exactly (no output allocation)."""
+    import zstandard
+
+    try:
+        reader = dctx.stream_reader(frame)
+        got = 0
+        while got < len(target):
+            n = reader.readinto(target[got:])
+            if not n:
+                break
+            got += n
+        extra = reader.read(1)
+    except zstandard.ZstdError as exc:
+        raise CodecError(f"zstd could not decode the symbols: {exc}") from exc
+    if got != len(target) or extra:
+        raise CodecError(f"a symbol context holds other than {len(target)} symbols")
+
+
 def decode_symbols(
     body: Any,
     out: np.ndarray[Any, np.dtype[np.uint8]],
@@ -72,20 +99,20 @@ def decode_symbols(
     if coder == "zstd":
         import zstandard
 
-        try:
-            reader = zstandard.ZstdDecompressor().stream_reader(view)
-            target = memoryview(out)
-            got = 0
-            while got < len(target):
-                n = reader.readinto(target[got:])
-                if not n:
-                    break
-                got += n
-            extra = reader.read(1)
-        except zstandard.ZstdError as exc:
-            raise CodecError(f"zstd could not decode the symbols: {exc}") from exc
-        if got != len(target) or extra:
-            raise CodecError(f"symbol stream holds other than {len(target)} symbols")
+        dctx = zstandard.ZstdDecompressor()
+        target = memoryview(out)
+        pos = 0
+        for start, stop, _ in contexts:
+            if pos + _U32.size > len(view):
+                raise CodecError("zstd-coded symbols are truncated")
+            (size,) = _U32.unpack_from(view, pos)
+            pos += _U32.size
+            if pos + size > len(view):
+                raise CodecError("zstd-coded symbols are truncated")
+            _zstd_into(dctx, view[pos : pos + size], target[start:stop])
+            pos += size
+        if pos != len(view):
+            raise CodecError("zstd-coded symbols have trailing bytes")
         return
     import constriction
 
