@@ -100,6 +100,16 @@ def _prompt(p: dict[str, Any], results: dict[str, Any] | None = None) -> Any:
     return prompt
 
 
+def _lora(p: dict[str, Any]) -> Any:
+    """The prompt's LoRA adapter (``{"lora": {"name", "id", "path"}}``), or ``None``."""
+    spec = p.get("lora")
+    if not spec:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(spec["name"], int(spec["id"]), spec["path"])
+
+
 def _abort(llm: Any, step: dict[str, Any], sp: Any) -> dict[str, Any]:
     """Add a request, run ``steps_before_abort`` engine steps, abort it, drain the engine."""
     engine = llm.llm_engine
@@ -408,7 +418,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         rec: dict[str, Any] = {"op": op}
         if op == "generate":
             prompts = [_prompt(p, results) for p in step["prompts"]]
-            outs = llm.generate(prompts, sp, use_tqdm=False)
+            loras = [_lora(p) for p in step["prompts"]]
+            lora_arg = loras if any(x is not None for x in loras) else None
+            outs = llm.generate(prompts, sp, use_tqdm=False, lora_request=lora_arg)
             rec["outputs"] = [_result(o) for o in outs]
         elif op == "control":
             rec["values"] = _write_control(step, spec)

@@ -11,6 +11,12 @@ stores can be checked against the values its tokens imply (:meth:`Harness.check_
 
 Asynchronous scheduling is reproduced as vLLM's engine core does it: step N+1 is
 scheduled (and executed by the worker) before step N's output reaches the scheduler.
+
+With ``sliding_window`` the stand-in has a second KV-cache group of sliding-window layers
+(vLLM's hybrid KV-cache manager, group 0 as for Gemma-2, full attention group 1, both
+over one block pool and aliasing the same memory as vLLM lays them out): a position
+reads every earlier position in the full-attention group and the last ``window`` ones in
+the sliding-window group.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class _Req:
     tokens: list[int]
     prompt_len: int
     blocks: list[int] = field(default_factory=list)
+    sw_blocks: list[int] = field(default_factory=list)  # the sliding-window group's
 
     def upto(self, n: int) -> list[int]:
         while len(self.tokens) < n:
@@ -67,6 +74,7 @@ class Harness:
         prefix_caching: bool = True,
         kv_events: bool = False,
         log_stats: bool = False,
+        sliding_window: int | None = None,
     ) -> None:
         from vllm.config import (
             CacheConfig,
@@ -87,6 +95,7 @@ class Harness:
             KVCacheConfig,
             KVCacheGroupSpec,
             KVCacheTensor,
+            SlidingWindowSpec,
             compute_layout_strides,
             create_kv_cache_views,
         )
@@ -134,16 +143,41 @@ class Harness:
         tensor = KVCacheTensor(
             size=size, layers=names, layer_stride=layer_stride, block_stride=block_stride
         )
+        tensors, groups = [tensor], [KVCacheGroupSpec(names, spec)]
+        self.window = sliding_window
+        self.full_gid, self.sw_gid = 0, -1
+        if sliding_window is not None:
+            sw_names = [f"model.layers.{LAYERS + i}.self_attn.attn" for i in range(LAYERS)]
+            sw_spec = SlidingWindowSpec(
+                block_size=block_size,
+                num_kv_heads=HEADS,
+                head_size=HEAD,
+                dtype=torch.float32,
+                sliding_window=sliding_window,
+            )
+            sw_tensor = KVCacheTensor(  # aliases the full group's bytes, as vLLM lays it out
+                size=size, layers=sw_names, layer_stride=layer_stride, block_stride=block_stride
+            )
+            tensors = [sw_tensor, tensor]
+            groups = [KVCacheGroupSpec(sw_names, sw_spec), KVCacheGroupSpec(names, spec)]
+            self.full_gid, self.sw_gid = 1, 0
         kv_cfg = KVCacheConfig(
             num_blocks=num_blocks,
-            kv_cache_tensors=[tensor],
-            kv_cache_groups=[KVCacheGroupSpec(names, spec)],
+            kv_cache_tensors=tensors,
+            kv_cache_groups=groups,
             kv_cache_layout="LBHNC",
         )
         raw = torch.zeros(size, dtype=torch.int8)
         self.views = create_kv_cache_views(raw, spec, num_blocks, layout, tensor)
         for v in self.views:
             v.fill_(GARBAGE)
+        self.sw_views: list[torch.Tensor] = []
+        caches = dict(zip(names, self.views, strict=True))
+        if sliding_window is not None:
+            self.sw_views = create_kv_cache_views(raw, sw_spec, num_blocks, layout, sw_tensor)
+            caches.update(zip(sw_names, self.sw_views, strict=True))
+        #: computations of a request that read wrong KV (the stand-in wrote garbage)
+        self.bad_computes = 0
         vc.cache_config.num_gpu_blocks = num_blocks
         cls = AsyncScheduler if async_scheduling else Scheduler
         self.sched = cls(
@@ -156,7 +190,7 @@ class Harness:
         if kv_events:
             self.sched.kv_event_publisher.publish = self.event_batches.append  # type: ignore[method-assign]
         self.worker = LMCacheCoreConnector(vc, KVConnectorRole.WORKER, kv_cfg)
-        self.worker.register_kv_caches(dict(zip(names, self.views, strict=True)))
+        self.worker.register_kv_caches(caches)
         init_none_hash(sha256)
         self._hasher = get_request_block_hasher(block_size, sha256)
         self.async_scheduling = async_scheduling
@@ -231,18 +265,29 @@ class Harness:
         meta = so.kv_connector_metadata
         w.bind_connector_metadata(meta)
         w.handle_preemptions(meta)
+        g, sg = self.full_gid, self.sw_gid
         for rid in so.finished_req_ids:
             if rid in self.reqs:
                 self.reqs[rid].blocks = []
+                self.reqs[rid].sw_blocks = []
         for new in so.scheduled_new_reqs:
-            self.reqs[new.req_id].blocks = list(new.block_ids[0])
+            self.reqs[new.req_id].blocks = list(new.block_ids[g])
+            if sg >= 0:
+                self.reqs[new.req_id].sw_blocks = list(new.block_ids[sg])
         cached = so.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
             nb = cached.new_block_ids[i]
             if rid in cached.resumed_req_ids:
-                self.reqs[rid].blocks = list(nb[0]) if nb else []
+                self.reqs[rid].blocks = list(nb[g]) if nb else []
+                if sg >= 0:
+                    self.reqs[rid].sw_blocks = list(nb[sg]) if nb else []
             elif nb:
-                self.reqs[rid].blocks.extend(nb[0])
+                self.reqs[rid].blocks.extend(nb[g])
+                if sg >= 0:
+                    self.reqs[rid].sw_blocks.extend(nb[sg])
+            if sg >= 0:  # vLLM nulls the blocks that left the window: follow its table
+                ids = self.sched.kv_cache_manager.get_block_ids(rid)
+                self.reqs[rid].sw_blocks = list(ids[sg])
         computed = {n.req_id: n.num_computed_tokens for n in so.scheduled_new_reqs}
         computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
         if so.has_sync_kv_loads:
@@ -251,11 +296,12 @@ class Harness:
         if not so.has_sync_kv_loads:
             w.start_load_kv(None)
         w.wait_for_save()
-        sending, recving = w.get_finished(so.finished_req_ids)
+        results = w.get_transfer_results(so.finished_req_ids)
         errors = w.get_block_ids_with_load_errors()
         kv_out = KVConnectorOutput(
-            finished_sending=sending,
-            finished_recving=recving,
+            finished_sending=results.finished_sending or None,
+            finished_recving=results.finished_recving or None,
+            failed_recving=results.failed_recving,
             invalid_block_ids=errors,
             kv_connector_stats=w.get_kv_connector_stats(),
             kv_connector_worker_meta=w.build_connector_worker_meta(),
@@ -272,6 +318,7 @@ class Harness:
             {
                 "meta": meta,
                 "errors": set(errors),
+                "failed_recving": set(results.failed_recving),
                 "scheduled": dict(so.num_scheduled_tokens),
             }
         )
@@ -286,8 +333,8 @@ class Harness:
     def _slot(self, block: int, s: int) -> float:
         return float(self.views[0][block, 0, s, 0])
 
-    def _write(self, block: int, s: int, v: float) -> None:
-        for view in self.views:
+    def _write(self, block: int, s: int, v: float, views: list[torch.Tensor] | None = None) -> None:
+        for view in self.views if views is None else views:
             view[block, :, s, :] = v
 
     def _reads_ok(self, r: _Req, upto: int) -> bool:
@@ -296,6 +343,11 @@ class Harness:
         for p in range(upto):
             if self._slot(r.blocks[p // bs], p % bs) != _f32(value(toks[: p + 1])):
                 return False
+        if self.window is not None:  # the window before the first computed position
+            for p in range(max(0, upto - self.window + 1), upto):
+                b = r.sw_blocks[p // bs] if p // bs < len(r.sw_blocks) else 0
+                if b == 0 or float(self.sw_views[0][b, 0, p % bs, 0]) != _f32(value(toks[: p + 1])):
+                    return False
         return True
 
     def _forward(self, so: Any, computed: dict[str, int]) -> None:
@@ -315,9 +367,14 @@ class Harness:
     def _compute(self, r: _Req, start: int, n: int, good: bool) -> None:
         bs = self.bs
         toks = r.upto(start + n)
+        if not good:
+            self.bad_computes += 1
         for p in range(start, start + n):
             v = value(toks[: p + 1]) if good else GARBAGE
             self._write(r.blocks[p // bs], p % bs, v)
+            if self.window is not None:
+                assert r.sw_blocks[p // bs] != 0, "computing into vLLM's null block"
+                self._write(r.sw_blocks[p // bs], p % bs, v, self.sw_views)
 
     # ------------------------------------------------------------------ checks
     def stored_chunks(self, sequences: list[list[int]]) -> tuple[int, list[str]]:

@@ -5,11 +5,12 @@ Four engine processes, each running many cases (see the ``engine_*`` fixtures):
 * ``e1`` (engine core in-process, prefix caching off, cpu + disk tiers): cold vs warm,
   short prompts, exact chunk multiples, cache salts, a batch sharing a prefix, aborts;
   vLLM's Prometheus series against the worker's counters (hits under ``host``), and
-  ``reset_prefix_cache(reset_connector=True)``;
+  ``reset_prefix_cache(reset_connector=True)``; two LoRA adapters loaded as ids 1, 2;
 * ``e2`` (a **new** multiprocess engine, prefix caching on, no ``PYTHONHASHSEED``, same
   disk directory): reuse from disk, a corrupted chunk, a local + external hit, reuse
   from the CPU tier after resetting vLLM's prefix cache, chunks gone from every tier;
-  the connector's KV events received over vLLM's ZMQ publisher;
+  the connector's KV events received over vLLM's ZMQ publisher; the same two LoRA
+  adapters loaded in the opposite order (ids 2, 1): hits for each, none across them;
 * ``e3``: a model with the same ``config.json`` but other weights on the same disk (the
   connector selected through ``kv_connector_module_path``);
 * ``e4``: tensor parallel 2 (worker connectors in two other processes), including a
@@ -24,12 +25,15 @@ from __future__ import annotations
 import os
 import re
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import vllm_cases as c
 from conftest import EngineRun, Models, connector_config, engine_env, requires_vllm, run_engine
+
+from lmcache_core.integrations.vllm.local_lora import LoraSpec
 
 pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]
 
@@ -71,9 +75,15 @@ def _block_hashes(tokens: list[int]) -> list[int]:
 
 
 def _engine(
-    model: Path, ktc: dict[str, Any], *, prefix_caching: bool, tp: int = 1, log_stats: bool = False
+    model: Path,
+    ktc: dict[str, Any],
+    *,
+    prefix_caching: bool,
+    tp: int = 1,
+    log_stats: bool = False,
+    lora: bool = False,
 ) -> dict[str, Any]:
-    return {
+    engine: dict[str, Any] = {
         "disable_log_stats": not log_stats,  # on: vLLM's Prometheus series in-process
         "model": str(model),
         "dtype": "float32",
@@ -86,6 +96,9 @@ def _engine(
         "tensor_parallel_size": tp,
         "kv_transfer_config": ktc,
     }
+    if lora:
+        engine.update(enable_lora=True, max_loras=2, max_lora_rank=LoraSpec().rank)
+    return engine
 
 
 def _storage(cpu_bytes: str, disk: Path | None) -> dict[str, Any]:
@@ -111,6 +124,27 @@ def _gen(name: str, *prompts: list[int], salt: str | None = None) -> dict[str, A
     }
 
 
+def _lora_gen(name: str, *prompts: tuple[list[int], dict[str, Any] | None]) -> dict[str, Any]:
+    return {
+        "op": "generate",
+        "name": name,
+        "prompts": [{"tokens": p, "lora": lora} for p, lora in prompts],
+    }
+
+
+@dataclass(frozen=True)
+class Adapters:
+    """Two local LoRA adapters and each one's greedy continuations (``transformers`` on
+    the merged weights, float32) of ``c.LORA_P`` and ``c.LORA_Q``."""
+
+    a: Path
+    b: Path
+    reference: dict[str, list[list[int]]]
+
+    def request(self, which: str, int_id: int) -> dict[str, Any]:
+        return {"name": f"adapter-{which}", "id": int_id, "path": str(getattr(self, which))}
+
+
 def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
     assert a["tokens"] == b["tokens"]
     assert len(a["logprobs"]) == len(b["logprobs"]) == c.MAX_TOKENS
@@ -125,7 +159,38 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def e1(vllm_models: Models, workdir: Path) -> EngineRun:
+def adapters(vllm_models: Models, workdir: Path) -> Adapters:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lmcache_core.integrations.vllm.local_lora import make_local_lora, merge_lora
+
+    made = {
+        w: make_local_lora(workdir / "loras" / w, vllm_models.main, LoraSpec(seed=s))
+        for w, s in (("a", 1), ("b", 2))
+    }
+    reference: dict[str, list[list[int]]] = {}
+    for which, path in made.items():
+        model = AutoModelForCausalLM.from_pretrained(str(vllm_models.main), dtype=torch.float32)
+        model = merge_lora(model.eval(), path)
+        reference[which] = []
+        with torch.no_grad():
+            for prompt in (c.LORA_P, c.LORA_Q):
+                ids, toks = torch.tensor([prompt]), []
+                for _ in range(c.MAX_TOKENS):
+                    logp = torch.log_softmax(model(ids).logits[0, -1].float(), -1)
+                    top = torch.topk(logp, 2)
+                    margin = float(top.values[0] - top.values[1])
+                    assert margin > c.MARGIN, f"adapter {which}: top-1 margin {margin}"
+                    toks.append(int(top.indices[0]))
+                    ids = torch.cat([ids, top.indices[:1].view(1, 1)], 1)
+                reference[which].append(toks)
+    assert reference["a"][0] != reference["b"][0]  # the adapters change the outputs
+    return Adapters(made["a"], made["b"], reference)
+
+
+@pytest.fixture(scope="module")
+def e1(vllm_models: Models, workdir: Path, adapters: Adapters) -> EngineRun:
     disk = workdir / "disk"
     stats = workdir / "stats-e1"
     ktc = connector_config(_storage("8MiB", disk), stats)
@@ -159,9 +224,16 @@ def e1(vllm_models: Models, workdir: Path) -> EngineRun:
         {"op": "reset_prefix_cache", "name": "reset_connector", "reset_connector": True},
         _gen("after_reset", c.LONG),
         {"op": "metrics", "name": "metrics_after_reset"},
+        # LoRA adapters a (id 1) and b (id 2); e2 loads them the other way round
+        _lora_gen(
+            "lora",
+            (c.LORA_P, adapters.request("a", 1)),
+            (c.LORA_P, adapters.request("b", 2)),
+            (c.LORA_Q, adapters.request("a", 1)),
+        ),
     ]
     spec = {
-        "engine": _engine(vllm_models.main, ktc, prefix_caching=False, log_stats=True),
+        "engine": _engine(vllm_models.main, ktc, prefix_caching=False, log_stats=True, lora=True),
         "steps": steps,
         "stats_dir": str(stats),
         "disk_dir": str(disk),
@@ -170,7 +242,7 @@ def e1(vllm_models: Models, workdir: Path) -> EngineRun:
 
 
 @pytest.fixture(scope="module")
-def e2(vllm_models: Models, workdir: Path, e1: EngineRun) -> EngineRun:
+def e2(vllm_models: Models, workdir: Path, e1: EngineRun, adapters: Adapters) -> EngineRun:
     disk = workdir / "disk"
     # Corrupt the stored chunks of CORRUPT: the lookup still finds the files.
     corrupted = e1.step("cold_corrupt")["new_disk_objects"]
@@ -207,13 +279,18 @@ def e2(vllm_models: Models, workdir: Path, e1: EngineRun) -> EngineRun:
         _gen("stale", c.EVICT),
         {"op": "reset_prefix_cache", "name": "reset5"},
         _gen("stale_again", c.EVICT),
+        # the adapters e1 loaded as a=1, b=2 loaded here as b=1 (first), a=2
+        _lora_gen("lora_b", (c.LORA_P, adapters.request("b", 1))),
+        _lora_gen("lora_a", (c.LORA_P, adapters.request("a", 2))),
+        # LORA_Q was stored with adapter a only; LORA_P with both, never without one
+        _lora_gen("lora_cross", (c.LORA_Q, adapters.request("b", 1)), (c.LORA_P, None)),
     ]
     # vLLM's KV events over ZMQ: its publisher connects to the driver's 127.0.0.1 socket
     # (a short prompt, never stored, runs one more step: the last stores reach the scheduler)
     at = steps.index(_gen("fill", *c.FILLERS)) + 1
     steps[at:at] = [_gen("nudge", c.SHORT), {"op": "events", "name": "events"}]
     endpoint = f"tcp://127.0.0.1:{_free_port()}"
-    engine = _engine(vllm_models.main, ktc, prefix_caching=True)
+    engine = _engine(vllm_models.main, ktc, prefix_caching=True, lora=True)
     engine["kv_events_config"] = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
@@ -440,6 +517,34 @@ def test_multiprocess_pids_differ(e2: EngineRun) -> None:
     sched = re.findall(r"LMCacheCoreConnector scheduler side: pid=(\d+)", e2.log)
     work = re.findall(r"LMCacheCoreConnector worker side: pid=(\d+) rank=0/1", e2.log)
     assert sched and work and sched[0] != work[0]
+
+
+def test_lora_adapters_hit_across_processes_whatever_their_integer_ids(
+    e1: EngineRun, e2: EngineRun, adapters: Adapters
+) -> None:
+    """Issue 14 "Keys": e1 loaded adapters a, b as ids 1, 2 and e2 as 2, 1. Each
+    adapter's chunks are found by the other process (by name and files), never by the
+    other adapter nor without an adapter."""
+    cold = e1.outputs("lora")
+    assert [o["num_cached_tokens"] for o in cold] == [0, 0, 0]
+    ref = adapters.reference
+    assert [o["tokens"] for o in cold] == [ref["a"][0], ref["b"][0], ref["a"][1]]
+    b, a = e2.outputs("lora_b")[0], e2.outputs("lora_a")[0]
+    hit = c.expected_hit(len(c.LORA_P))
+    assert (b["num_cached_tokens"], a["num_cached_tokens"]) == (hit, hit)
+    _same(cold[1], b)
+    _same(cold[0], a)
+    cross = e2.outputs("lora_cross")
+    assert [o["num_cached_tokens"] for o in cross] == [0, 0]
+    assert cross[0]["tokens"] == ref["b"][1]  # computed with b, not a's stored chunks
+    assert e2.scheduler("lora_cross")["unkeyable"] == 0
+    disk_tokens = [
+        e2.worker(step)["loaded_tokens_by_tier"].get("disk", 0)
+        for step in ("stale_again", "lora_a")
+    ]
+    assert disk_tokens[1] - disk_tokens[0] >= 2 * hit  # both read from e1's disk tier
+    ns = e2.scheduler("lora_cross")["namespace"]
+    assert ns == e1.scheduler("lora")["namespace"]  # one namespace, adapters in the keys
 
 
 # ---------------------------------------------------------------------------------- e3

@@ -25,14 +25,14 @@ def test_configuring_the_connector_keeps_hma_on() -> None:
 
 class _Sched:
     def __init__(self) -> None:
-        self.finished: list[tuple[str, list[int]]] = []
+        self.finished: list[tuple[str, Any]] = []
 
-    def request_finished(self, request: Any, block_ids: list[int]) -> bool:
+    def request_finished(self, request: Any, block_ids: Any) -> bool:
         self.finished.append((request.request_id, block_ids))
         return True
 
 
-def _connector(group_id: int, disabled: str | None = None) -> Any:
+def _connector(group_ids: tuple[int, ...], disabled: str | None = None) -> Any:
     """The connector's scheduler-side dispatch around a recording stand-in."""
     from lmcache_core.integrations.vllm.connector import LMCacheCoreConnector
 
@@ -40,22 +40,27 @@ def _connector(group_id: int, disabled: str | None = None) -> Any:
     conn._scheduler = _Sched()
     conn._worker = None
     conn._ctx = SimpleNamespace(
-        layout=SimpleNamespace(group_id=group_id) if not disabled else None, disabled=disabled
+        layout=SimpleNamespace(group_id=group_ids[0], group_ids=group_ids)
+        if not disabled
+        else None,
+        disabled=disabled,
     )
     return conn
 
 
-def test_request_finished_all_groups_takes_the_copied_group_by_id() -> None:
-    conn = _connector(group_id=1)
+def test_request_finished_all_groups_hands_every_group_to_the_scheduler() -> None:
+    conn = _connector(group_ids=(1, 0))
     req = SimpleNamespace(request_id="r")
-    delay, params = conn.request_finished_all_groups(req, ([0, 0, 0], [7, 8, 9]))
+    delay, params = conn.request_finished_all_groups(req, ([0, 0, 5], [7, 8, 9]))
     assert (delay, params) == (True, None)
-    assert conn._scheduler.finished == [("r", [7, 8, 9])]  # group 1, not index 0
-    assert conn.get_loaded_kv_cache_group_ids(req) == (1,)
+    assert conn._scheduler.finished == [("r", ([0, 0, 5], [7, 8, 9]))]
+    assert conn.get_loaded_kv_cache_group_ids(req) == (1, 0)  # both groups are restored
+    conn.request_finished(req, [3, 4])  # HMA off: one group
+    assert conn._scheduler.finished[-1] == ("r", ([3, 4],))
 
 
 def test_no_group_is_restored_for_a_model_without_hits() -> None:
-    conn = _connector(group_id=0, disabled="two KV-cache groups")
+    conn = _connector(group_ids=(0,), disabled="two KV-cache groups")
     assert conn.get_loaded_kv_cache_group_ids(SimpleNamespace(request_id="r")) == ()
 
 

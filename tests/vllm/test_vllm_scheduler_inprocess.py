@@ -278,3 +278,109 @@ def test_a_placement_policy_learns_each_prompts_chain_from_the_scheduler(
     pol = hier.tier(hier.tiers[0].name).placement.policy
     assert [pol._hist[k].count for k in keys] == [2, 2, 2, 2]
     assert h.scheduler_side.stats()["hit_tokens"] == 4 * CHUNK  # p1 loaded A
+
+
+# ---------------------------------------------------------------------------- HMA
+WINDOW = 48  # tokens: A's hit (256) keeps blocks 6, 7 of the sliding-window group
+
+
+def _hma(model: Path, made: list[Harness]) -> Harness:
+    """A stored by a first request, under HMA with a sliding-window group (vLLM's group
+    0) and a full-attention group (group 1)."""
+    h = Harness(
+        model, _storage(), async_scheduling=False, prefix_caching=False, sliding_window=WINDOW
+    )
+    made.append(h)
+    h.add("cold", A, max_tokens=2)
+    h.drain()
+    h.settle()
+    assert h.scheduler_side.stats()["index_chunks"] == 4
+    assert h.bad_computes == 0
+    return h
+
+
+def test_hma_sliding_window_group_is_restored_with_the_full_one(
+    vllm_models: Models, harnesses: list[Harness]
+) -> None:
+    """A hit restores both groups (the window's blocks; vLLM's null blocks outside it are
+    left alone): the request computing after the loaded prefix reads good KV in both,
+    and every load runs in the background."""
+    h = _hma(vllm_models.main, harnesses)
+    assert h.sched.connector.get_loaded_kv_cache_group_ids(None) == (1, 0)
+    h.add("warm", A + X, max_tokens=2)
+    h.drain()
+    h.settle()
+    s = h.scheduler_side.stats()
+    assert s["hit_tokens"] == 4 * CHUNK and s["async_loads"] == 1 and s["sync_loads"] == 0
+    assert s["saves_outside_window"] == 0
+    assert h.bad_computes == 0
+    loads = [ld for st in h.steps for lds in st["meta"].async_loads.values() for ld in lds]
+    assert [ld.other_blocks[0][:1] for ld in loads[:3]] == [[0], [0], [0]]  # outside
+    assert 0 not in loads[3].other_blocks[0]  # the last chunk is inside the window
+    found, wrong = h.stored_chunks([A, h.reqs["warm"].tokens])
+    assert wrong == [] and found == 6
+
+
+def test_hma_oracle_sees_a_sliding_window_group_left_out(
+    vllm_models: Models, harnesses: list[Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: restoring the full-attention group only, the same run computes over
+    missing window KV, and the oracle sees it."""
+    from lmcache_core.integrations.vllm.group_copier import GroupedCopier
+
+    present = GroupedCopier._present
+    monkeypatch.setattr(GroupedCopier, "_present", lambda self, *a: present(self, *a)[:1])
+    h = _hma(vllm_models.main, harnesses)
+    h.add("warm", A + X, max_tokens=2)
+    h.drain()
+    assert h.bad_computes > 0
+
+
+def test_hma_failed_background_load_fails_the_request_load_and_is_recomputed(
+    vllm_models: Models, harnesses: list[Harness]
+) -> None:
+    """Several KV-cache groups: vLLM raises on block-level load errors, so a failed load
+    is reported for the request (``failed_recving``); vLLM recomputes it from its start
+    and the connector offers only the chunks before the failed one again."""
+    h = _hma(vllm_models.main, harnesses)
+    ws = h.worker_side
+    assert ws.storage.sync.remove(ws.db.keys(A)[1])  # gone behind the scheduler's back
+    h.add("warm", A + X, max_tokens=2)
+    h.drain()
+    h.settle()
+    assert "warm" in h.finished and h.bad_computes == 0
+    assert all(not st["errors"] for st in h.steps)  # never a block-level error
+    assert [st["failed_recving"] for st in h.steps if st["failed_recving"]] == [{"warm"}]
+    s = h.scheduler_side.stats()
+    assert s["load_failures"] == 1 and s["stale_hits"] == 1 and s["async_loads"] == 2
+    assert s["hit_tokens"] == 4 * CHUNK + CHUNK  # then chunk 0 alone
+    found, wrong = h.stored_chunks([A, h.reqs["warm"].tokens])
+    assert wrong == [] and found == 6  # chunk 1 stored again once recomputed
+
+
+def test_hma_chunk_that_left_the_window_before_it_was_complete_is_not_saved(
+    vllm_models: Models, harnesses: list[Harness]
+) -> None:
+    """Window 16, steps of 112 tokens: when chunk 1 (tokens 64-127) completes, vLLM has
+    already given its first block (64-95) back (tokens up to 96 are outside the window
+    of token 112): the chunk is not saved, and a later request loads chunk 0 only."""
+    h = Harness(
+        vllm_models.main,
+        _storage(),
+        async_scheduling=False,
+        prefix_caching=False,
+        sliding_window=16,
+        max_batched_tokens=112,
+    )
+    harnesses.append(h)
+    h.add("cold", A, max_tokens=2)
+    h.drain()
+    h.settle()
+    s = h.scheduler_side.stats()
+    assert s["saves_outside_window"] == 1 and s["index_chunks"] == 3  # chunks 0, 2, 3
+    h.add("warm", A + X, max_tokens=2)
+    h.drain()
+    h.settle()
+    assert h.scheduler_side.stats()["hit_tokens"] == CHUNK and h.bad_computes == 0
+    _, wrong = h.stored_chunks([A, h.reqs["warm"].tokens])
+    assert wrong == []

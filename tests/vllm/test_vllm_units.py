@@ -151,14 +151,21 @@ def test_multimodal_items_key_the_chunks_they_overlap() -> None:
     assert img1[1] != plain[1] and img1[1] != img2[1]
 
 
+def _adapter(path: Path, weights: bytes, alpha: int = 16) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": alpha}))
+    (path / "adapter_model.safetensors").write_bytes(weights)
+    return path
+
+
 def test_lora_and_prompt_embeds(tmp_path: Path) -> None:
     from vllm.lora.request import LoRARequest
 
     from lmcache_core.integrations.vllm.keying import RequestKeyer
 
     toks = list(range(10, 18))
-    a = _model_dir(tmp_path / "lora-a", b"adapter-a")
-    b = _model_dir(tmp_path / "lora-b", b"adapter-b")
+    a = _adapter(tmp_path / "lora-a", b"adapter-a")
+    b = _adapter(tmp_path / "lora-b", b"adapter-b")
     plain = _hashes(_request(toks))
     la = _hashes(_request(toks, lora_request=LoRARequest("ad", 1, str(a))))
     lb = _hashes(_request(toks, lora_request=LoRARequest("ad", 1, str(b))))
@@ -182,6 +189,135 @@ def test_lora_and_prompt_embeds(tmp_path: Path) -> None:
         _request(toks, prompt_embeds=emb, prompt_is_token_ids=[True] * 4 + [False] * 4)
     )
     assert mixed.hashes == ()
+
+
+def test_lora_adapter_is_its_name_and_files_not_the_servers_integer_id(tmp_path: Path) -> None:
+    """Issue 14: two servers that loaded the same adapters in another order give them
+    other integer ids; the keys must not change with it."""
+    from vllm.lora.request import LoRARequest
+
+    toks = list(range(10, 18))
+    a = _adapter(tmp_path / "lora-a", b"adapter-a")
+
+    def lora(name: str, int_id: int, path: Path) -> tuple[int, ...]:
+        return _hashes(_request(toks, lora_request=LoRARequest(name, int_id, str(path))))
+
+    first = lora("a", 1, a)
+    assert lora("a", 2, a) == lora("a", 7, a) == first  # the integer id is not identity
+    copy = _adapter(tmp_path / "elsewhere" / "copy", b"adapter-a")
+    assert lora("a", 3, copy) == first  # the files are, wherever they are
+    assert lora("other-name", 1, a) != first  # and the name
+    other_alpha = _adapter(tmp_path / "lora-a-alpha", b"adapter-a", alpha=32)
+    assert lora("a", 1, other_alpha) != first  # adapter_config.json is hashed with them
+    # Known answer: ("lora", name, revision) in the first chunk's extra keys, with the
+    # namespace of ``_db`` (changing it breaks every stored LoRA chunk).
+    assert f"{first[0]:032x}" == KNOWN_LORA_FIRST_CHUNK
+
+
+KNOWN_LORA_FIRST_CHUNK = "f5af10afe7d84c2d758533678d73d441"
+
+
+def test_lora_adapter_given_as_a_hub_id_is_resolved_offline_like_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub.constants
+    from vllm.lora.request import LoRARequest
+
+    from lmcache_core.integrations.vllm.identity import adapter_revision
+    from lmcache_core.integrations.vllm.keying import RequestKeyer
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--org--adapter"
+    _adapter(repo / "snapshots" / COMMIT, b"adapter-a")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    assert adapter_revision("org/adapter") == COMMIT
+    assert adapter_revision(str(repo / "snapshots" / COMMIT)) == COMMIT
+    toks = list(range(10, 18))
+    by_id = _hashes(_request(toks, lora_request=LoRARequest("a", 1, "org/adapter")))
+    by_path = _request(toks, lora_request=LoRARequest("a", 2, str(repo / "snapshots" / COMMIT)))
+    assert _hashes(by_path) == by_id
+
+    # Not downloaded yet (vLLM's worker fetches it): refused, and looked for again later.
+    keyer = RequestKeyer(_db(), block_size=2)
+    absent = _request(toks, lora_request=LoRARequest("b", 1, "org/later"))
+    assert keyer.keys(absent).hashes == ()
+    later = cache / "models--org--later"
+    _adapter(later / "snapshots" / COMMIT, b"adapter-b")
+    (later / "refs").mkdir()
+    (later / "refs" / "main").write_text(COMMIT)
+    assert keyer.keys(absent).hashes == ()  # within ADAPTER_RETRY_S: not looked up again
+    monkeypatch.setattr("lmcache_core.integrations.vllm.keying.ADAPTER_RETRY_S", 0.0)
+    assert len(keyer.keys(absent).hashes) == 2
+
+
+def test_lora_with_vllm_block_hashes_adds_the_adapters_files(tmp_path: Path) -> None:
+    """vLLM's block hashes hold an adapter's name and path: the same path with other
+    files (another machine, a replaced adapter) must not share keys."""
+    from vllm.lora.request import LoRARequest
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    from lmcache_core.integrations.vllm.keying import RequestKeyer
+
+    init_none_hash(sha256)
+    hasher = get_request_block_hasher(2, sha256)
+    keyer = RequestKeyer(_db(), block_size=2, vllm_block_hashes=True)
+    toks = list(range(10, 18))
+    path = tmp_path / "adapter"
+
+    def keys(int_id: int) -> tuple[int, ...]:
+        req = _request(toks, block_hasher=hasher, lora_request=LoRARequest("a", int_id, str(path)))
+        return _hashes(req, RequestKeyer(_db(), block_size=2, vllm_block_hashes=True))
+
+    _adapter(path, b"v1")
+    v1 = keys(1)
+    assert keys(5) == v1
+    _adapter(path, b"v2-other-size")
+    v2 = keys(1)
+    assert not set(v1) & set(v2)
+    assert not set(v1) & set(_hashes(_request(toks, block_hasher=hasher), keyer))
+
+
+def test_quantization_enters_the_namespace(tmp_path: Path) -> None:
+    """Online ``--quantization`` (vLLM's ``model_config.quantization``) changes what the
+    weights compute: another namespace, so another hash chain."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from lmcache_core.integrations.vllm.context import build_context
+
+    model = _model_dir(tmp_path / "m", b"weights")
+
+    def namespace(**model_kw: Any) -> Any:
+        spec = FullAttentionSpec(block_size=4, num_kv_heads=2, head_size=8, dtype=torch.float32)
+        kv_cfg = SimpleNamespace(
+            kv_cache_groups=[SimpleNamespace(kv_cache_spec=spec, layer_names=["l0"])],
+            kv_cache_layout="LBHNC",
+            hash_block_size=4,
+        )
+        vc = SimpleNamespace(
+            kv_transfer_config=SimpleNamespace(
+                kv_connector_extra_config={
+                    "config": {"chunk_size": 4, "tiers": [{"name": "cpu", "backend": "cpu"}]}
+                },
+                kv_load_failure_policy="recompute",
+            ),
+            parallel_config=SimpleNamespace(tensor_parallel_size=1),
+            device_config=SimpleNamespace(device_type="cpu"),
+            cache_config=SimpleNamespace(cache_dtype="auto", kv_cache_layout="LBHNC"),
+            model_config=SimpleNamespace(model=str(model), revision=None, **model_kw),
+        )
+        ctx = build_context(vc, kv_cfg)
+        assert ctx.disabled is None, ctx.disabled
+        return ctx.namespace
+
+    plain = namespace()
+    fp8 = namespace(quantization="fp8")
+    assert dict(fp8.extra)["quantization"] == "fp8" and "quantization" not in dict(plain.extra)
+    assert fp8.digest() != plain.digest()
+    by_hand = namespace(quantization="fp8", quantization_config={"linear": {"scheme": "x"}})
+    assert by_hand.digest() != fp8.digest()
 
 
 def test_vllm_block_hashes_only_when_reproducible(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -337,7 +473,7 @@ def test_full_hit_leaves_the_last_token_and_needs_every_rank() -> None:
         (1, [4, 5, 6, 7]),
     ]
     assert meta.saves == []  # already stored
-    assert sched.request_finished(req, list(range(8))) is False
+    assert sched.request_finished(req, (list(range(8)),)) is False  # one KV-cache group
     assert sched.stats()["active_requests"] == 0
 
 

@@ -45,6 +45,9 @@ STALE = [toks(60 + i, 138) for i in range(10)]
 # slow tier (test_vllm_slow_e2e.py)
 SLOW = [toks(80 + i, 266) for i in range(5)]
 DECODER = toks(90, 40)
+# LoRA adapters across processes (test_vllm_e2e.py: e1, e2); margins checked per adapter
+LORA_P = toks(70, 192)  # exactly 3 chunks: a warm run loads 191
+LORA_Q = toks(71, 130)  # 2 chunks + 2 tokens
 
 #: Every prompt whose greedy continuation the tests compare (the fixture checks margins).
 COMPARED = [

@@ -8,9 +8,11 @@ scheduler side (:mod:`.scheduler_side`) in the engine-core process and one worke
 ``docs/vllm.md``.
 
 The connector supports vLLM's hybrid KV-cache manager (``SupportsHMA``): configuring it
-leaves HMA on. It restores one KV-cache group of full-attention or MLA layers; for a model
-with other groups (sliding-window groups under HMA, SSM state) it reports no hits and
-stores nothing (one INFO line says why) and the model runs normally.
+leaves HMA on. It restores one KV-cache group of full-attention or MLA layers, or under HMA
+full-attention plus sliding-window groups together (every load then runs in the
+background, and a failed one fails the request's load as a whole: ``failed_recving``); for
+a model with other groups (SSM state) it reports no hits and stores nothing (one INFO line
+says why) and the model runs normally.
 
 Hits in a worker's memory tier load in ``start_load_kv`` before the forward pass; every
 other hit loads in the background (``load_async``, reported through ``get_finished``).
@@ -31,6 +33,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
     SupportsHMA,
 )
@@ -159,6 +162,18 @@ class LMCacheCoreConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[mis
             return None, None
         return self._worker.get_finished(finished_req_ids)
 
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """:meth:`get_finished`, plus the requests whose background load failed as a whole
+        (models with several KV-cache groups, where vLLM takes no block-level errors)."""
+        if self._worker is None:
+            return KVConnectorTransferResults()
+        sending, recving = self._worker.get_finished(finished_req_ids)
+        return KVConnectorTransferResults(
+            finished_sending=set(sending or ()),
+            finished_recving=set(recving or ()),
+            failed_recving=self._worker.take_failed_requests(),
+        )
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_errors() if self._worker is not None else set()
 
@@ -214,26 +229,25 @@ class LMCacheCoreConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[mis
     ) -> tuple[bool, dict[str, Any] | None]:
         if self._scheduler is None:
             return False, None
-        return self._scheduler.request_finished(request, block_ids), None
+        return self._scheduler.request_finished(request, (block_ids,)), None
 
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
         """With HMA vLLM calls only this: everything :meth:`request_finished` does, on
-        the blocks of the KV-cache group the connector copies (by its group id)."""
+        the blocks of the KV-cache groups the connector copies (taken by group id)."""
         if self._scheduler is None:
             return False, None
-        group = self._ctx.layout.group_id if self._ctx.layout is not None else 0
-        ids = list(block_ids[group]) if group < len(block_ids) else []
-        return self._scheduler.request_finished(request, ids), None
+        return self._scheduler.request_finished(request, block_ids), None
 
     def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
-        """The KV-cache groups a load restores: the one group the connector copies. A
-        model with other groups is never offered a hit (see ``layout.describe_layout``)."""
+        """The KV-cache groups a load restores: every group the connector copies (the
+        full-attention group, and with HMA on the sliding-window groups too). A model
+        with groups it cannot restore is never offered a hit (``layout.describe_layout``)."""
         layout = self._ctx.layout
         if self._ctx.disabled or layout is None:
             return ()
-        return (layout.group_id,)
+        return layout.group_ids
 
     # ------------------------------------------------------------------ observability
     def get_kv_connector_stats(self) -> KVConnectorStats | None:

@@ -133,6 +133,13 @@ def build_context(vllm_config: Any, kv_cache_config: Any) -> ConnectorContext:
         return ctx
 
     extra: dict[str, str] = {"hf_overrides": _overrides_digest(model_config)}
+    quantization = getattr(model_config, "quantization", None)
+    if quantization:  # online (--quantization) or the checkpoint's: other weights, other KV
+        extra["quantization"] = str(quantization)
+    quant_config = getattr(model_config, "quantization_config", None)
+    if isinstance(quant_config, dict) and quant_config:  # given by hand: its digest
+        text = json.dumps(quant_config, sort_keys=True, default=str)
+        extra["quantization_config"] = hashlib.sha256(text.encode()).hexdigest()[:16]
     if ctx.kv_tp_replicas > 1:
         extra["kv_tp_replicas"] = str(ctx.kv_tp_replicas)
     ctx.hash_block_size = int(getattr(kv_cache_config, "hash_block_size", None) or ctx.block_size)

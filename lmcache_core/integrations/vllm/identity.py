@@ -2,8 +2,9 @@
 
 * A Hugging Face hub snapshot directory (``.../models--org--name/snapshots/<commit>``)
   or a hub id resolved offline gives ``org/name`` and the snapshot's commit.
-* Any other local directory gives its base name and ``sha256:<hex>`` over ``config.json``
-  and the weight files (names, sizes and contents). The digest is computed once and
+* Any other local directory gives its base name and ``sha256:<hex>`` over ``config.json``,
+  ``adapter_config.json`` (a LoRA adapter's rank, alpha and targets) and the weight files
+  (names, sizes and contents). The digest is computed once and
   cached in a sidecar keyed by the files' names, sizes and mtimes, so later starts cost a
   few ``stat`` calls; a file lock keeps concurrent processes from hashing twice.
 
@@ -22,11 +23,19 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ModelIdentity", "UnknownRevision", "model_identity", "weights_digest"]
+__all__ = [
+    "ModelIdentity",
+    "UnknownRevision",
+    "adapter_revision",
+    "model_identity",
+    "weights_digest",
+]
 
 log = logging.getLogger("vllm.lmcache_core.identity")
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".npz", ".msgpack")
+#: Configuration files that change what the weights compute (hashed with them).
+CONFIG_NAMES = ("config.json", "adapter_config.json")
 SIDECAR_NAME = ".lmcache_core_revision.json"
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
@@ -54,9 +63,10 @@ def _hub_snapshot(path: Path) -> tuple[str, str] | None:
 
 def _weight_files(path: Path) -> list[Path]:
     files = [p for p in path.rglob("*") if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES)]
-    cfg = path / "config.json"
-    if cfg.is_file():
-        files.append(cfg)
+    for name in CONFIG_NAMES:
+        cfg = path / name
+        if cfg.is_file():
+            files.append(cfg)
     return sorted(set(files), key=lambda p: p.relative_to(path).as_posix())
 
 
@@ -93,10 +103,11 @@ def _read_sidecar(sidecar: Path, fingerprint: list[list[object]]) -> str | None:
 
 
 def weights_digest(path: str | os.PathLike[str]) -> str:
-    """``sha256:<hex>`` of ``config.json`` and the weight files under ``path`` (cached)."""
+    """``sha256:<hex>`` of the configuration files (:data:`CONFIG_NAMES`) and the weight
+    files under ``path`` (cached)."""
     root = Path(path)
     files = _weight_files(root)
-    if not any(f.name != "config.json" for f in files):
+    if not any(f.name not in CONFIG_NAMES for f in files):
         raise UnknownRevision(f"no weight files found under {root}")
     sidecar = _sidecar_path(root)
     fp = _fingerprint(root, files)
@@ -180,3 +191,18 @@ def model_identity(
         f"cannot determine the revision of model {model!r} (not a local directory or a "
         "cached hub snapshot); set kv_connector_extra_config.model_revision"
     )
+
+
+def adapter_revision(lora_path: str) -> str:
+    """The revision of a LoRA adapter given as vLLM's ``lora_path``, resolved like the
+    model: a local directory (``~`` expanded, relative to the working directory as vLLM
+    takes it) gives the ``sha256:`` digest of its weights and ``adapter_config.json``; a
+    hub id gives the commit of its cached snapshot, looked up offline (vLLM's worker
+    downloads it). Raises :class:`UnknownRevision` when neither is found."""
+    try:
+        return model_identity(os.path.expanduser(lora_path)).revision
+    except UnknownRevision:
+        raise UnknownRevision(
+            f"LoRA adapter {lora_path!r} is neither a local directory with weight files "
+            "nor a hub snapshot in the local cache"
+        ) from None

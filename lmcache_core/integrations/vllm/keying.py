@@ -2,18 +2,23 @@
 
 Per chunk, the token database hashes the tokens and these extra keys:
 
-* chunk 0: the LoRA adapter (name, id and a digest of its files) and ``cache_salt``;
-  the hash chain carries them into every later chunk;
+* chunk 0: the LoRA adapter and ``cache_salt``; the hash chain carries them into every
+  later chunk. An adapter is its name and the revision of its files (the ``sha256:``
+  digest of its weights and ``adapter_config.json``, or its hub snapshot's commit, see
+  :func:`~.identity.adapter_revision`), never vLLM's per-server integer id: two servers
+  that loaded the same adapters in another order share its chunks;
 * every chunk: the multimodal items overlapping it (hash, offset in the chunk, length)
   and, for prompts given as embeddings, a SHA-256 of the chunk's embeddings.
 
 A request the connector cannot key safely (a multimodal item without a hash, a LoRA
-adapter without local files, a prompt mixing tokens and embeddings) gets no hashes: it
-is neither looked up nor saved, and :attr:`RequestKeyer.unkeyable` counts it.
+adapter whose files are not found locally, a prompt mixing tokens and embeddings) gets no
+hashes: it is neither looked up nor saved, and :attr:`RequestKeyer.unkeyable` counts it.
 
 With ``use_vllm_block_hashes`` the chain is built from vLLM's own block hashes (which
 already include those extra keys), but only when they are reproducible across
-processes: a cryptographic ``prefix_caching_hash_algo`` or ``PYTHONHASHSEED`` set.
+processes: a cryptographic ``prefix_caching_hash_algo`` or ``PYTHONHASHSEED`` set. vLLM
+keys a LoRA adapter by its name and path only, so the adapter's revision is added to the
+first chunk there too.
 """
 
 from __future__ import annotations
@@ -21,13 +26,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ...token_db import ChunkedTokenDatabase
-from .identity import UnknownRevision, weights_digest
+from .identity import UnknownRevision, adapter_revision
 
 __all__ = ["CRYPTO_VLLM_HASHES", "RequestKeyer", "RequestKeys", "vllm_hash_reproducible"]
 
@@ -35,6 +41,9 @@ log = logging.getLogger("vllm.lmcache_core.keys")
 
 #: vLLM prefix-caching hash algorithms that are reproducible without PYTHONHASHSEED.
 CRYPTO_VLLM_HASHES = frozenset({"sha256", "sha256_cbor"})
+#: An adapter whose files were not found is looked for again after this long (a hub
+#: adapter appears in the local cache once vLLM's worker has downloaded it).
+ADAPTER_RETRY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -72,24 +81,31 @@ class RequestKeyer:
         self.block_size = block_size
         self.vllm_block_hashes = vllm_block_hashes
         self.unkeyable: Counter[str] = Counter()
-        self._lora_digests: dict[str, str | None] = {}
+        #: lora_path -> (revision or None, when it was looked up)
+        self._lora_revisions: dict[str, tuple[str | None, float]] = {}
 
     # ------------------------------------------------------------------ extra keys
     def _lora_key(self, lora: Any) -> tuple[Any, ...] | str:
+        """``("lora", name, revision)``, or why the adapter cannot be identified."""
         path = getattr(lora, "lora_path", None) or getattr(lora, "path", None)
-        name = getattr(lora, "lora_name", "")
+        name = str(getattr(lora, "lora_name", ""))
         if not path:
-            return f"LoRA adapter {name!r} has no local path to identify its weights"
-        if path not in self._lora_digests:
+            return f"LoRA adapter {name!r} has no path to identify its weights"
+        path = str(path)
+        known = self._lora_revisions.get(path)
+        now = time.monotonic()
+        if known is None or (known[0] is None and now - known[1] >= ADAPTER_RETRY_S):
             try:
-                self._lora_digests[path] = weights_digest(path)
+                known = (adapter_revision(path), now)
             except (UnknownRevision, OSError) as exc:
-                log.warning("cannot identify LoRA adapter %r: %s", name, exc)
-                self._lora_digests[path] = None
-        digest = self._lora_digests[path]
-        if digest is None:
-            return f"LoRA adapter {name!r} has no readable weight files"
-        return ("lora", name, int(getattr(lora, "lora_int_id", 0)), digest)
+                if path not in self._lora_revisions:
+                    log.warning("cannot identify LoRA adapter %r: %s", name, exc)
+                known = (None, now)
+            self._lora_revisions[path] = known
+        revision = known[0]
+        if revision is None:
+            return f"LoRA adapter {name!r} has no weight files found locally"
+        return ("lora", name, revision)
 
     @staticmethod
     def _mm_items(request: Any) -> list[tuple[str, int, int]] | str:
@@ -172,8 +188,15 @@ class RequestKeyer:
         blocks = list(getattr(request, "block_hashes", None) or [])[: n_chunks * per]
         if len(blocks) < n_chunks * per:
             return self._refuse("vLLM has not computed this request's block hashes")
+        extra: list[Any] | None = None
+        lora = getattr(request, "lora_request", None)
+        if lora is not None:  # vLLM's hashes hold the adapter's name and path, not its files
+            key = self._lora_key(lora)
+            if isinstance(key, str):
+                return self._refuse(key)
+            extra = [[key]] + [None] * (n_chunks - 1)
         raw = [bytes(b) for b in blocks]
-        keys = self.db.keys_from_block_hashes(raw, self.block_size)
+        keys = self.db.keys_from_block_hashes(raw, self.block_size, extra_keys=extra)
         return RequestKeys(tuple(k.chunk_hash for k in keys))
 
     def _refuse(self, reason: str) -> RequestKeys:

@@ -23,6 +23,7 @@ __all__ = [
     "SUPPORTED_BACKENDS",
     "SUPPORTED_LAYOUTS",
     "BlockCopier",
+    "GroupLayout",
     "LayoutInfo",
     "UnrestorableGroups",
     "UnsupportedModel",
@@ -45,13 +46,31 @@ class UnsupportedModel(Exception):
 
 
 class UnrestorableGroups(UnsupportedModel):
-    """The model has KV-cache groups the connector cannot restore (sliding-window groups
-    under vLLM's hybrid KV-cache manager, SSM state): the model runs normally and the
-    connector reports no hits (an expected condition, logged at INFO)."""
+    """The model has KV-cache groups the connector cannot restore (SSM state, MLA on
+    CPU): the model runs normally and the connector reports no hits (an expected
+    condition, logged at INFO)."""
 
 
 #: KV-cache specs whose per-token KV the connector copies (MLA: one latent per token).
 _RESTORABLE_SPECS = frozenset({"FullAttentionSpec", "MLAAttentionSpec"})
+#: Group kinds restored together under vLLM's hybrid KV-cache manager (HMA).
+_HMA_SPECS = frozenset({"FullAttentionSpec", "SlidingWindowSpec"})
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """One KV-cache group the connector restores: vLLM's group id, its layers, and its
+    sliding window (``None``: full attention)."""
+
+    group_id: int
+    layer_names: tuple[str, ...]
+    sliding_window: int | None = None
+
+    @property
+    def tag(self) -> str:
+        """The group's kind and size in the namespace (``full x2``, ``sw64 x2``)."""
+        kind = "full" if self.sliding_window is None else f"sw{self.sliding_window}"
+        return f"{kind}x{len(self.layer_names)}"
 
 
 @dataclass(frozen=True)
@@ -66,17 +85,34 @@ class LayoutInfo:
     head_size_v: int
     dtype: str
     cache_dtype: str
-    layer_names: tuple[str, ...]
-    group_id: int = 0  # vLLM's id of the KV-cache group the connector copies
+    layer_names: tuple[str, ...]  # every copied layer, in the stored chunk's row order
+    group_id: int = 0  # vLLM's id of the (first) full-attention group the connector copies
     num_groups: int = 1
+    #: Under HMA with several groups: every group, the full-attention one first (its
+    #: layers are the first rows of a stored chunk). Empty for one group.
+    groups: tuple[GroupLayout, ...] = ()
+
+    @property
+    def group_ids(self) -> tuple[int, ...]:
+        """vLLM's ids of the KV-cache groups a load restores."""
+        return tuple(g.group_id for g in self.groups) or (self.group_id,)
+
+    @property
+    def other_group_ids(self) -> tuple[int, ...]:
+        """The restored groups besides :attr:`group_id`, in row order."""
+        return tuple(g.group_id for g in self.groups[1:])
 
     @property
     def kv_layout(self) -> str:
-        """The namespace's ``kv_layout`` string."""
-        return (
+        """The namespace's ``kv_layout`` string (several groups: their kinds and sizes in
+        row order, so chunks stored with HMA on and off never mix)."""
+        base = (
             f"vllm:{self.device_type}:{self.layout}:h{self.num_kv_heads}"
             f":k{self.head_size}:v{self.head_size_v}"
         )
+        if self.groups:
+            base += ":groups=" + "+".join(g.tag for g in self.groups)
+        return base
 
     @property
     def kv_dtype(self) -> str:
@@ -88,31 +124,33 @@ def describe_layout(vllm_config: Any, kv_cache_config: Any) -> LayoutInfo:
     """Check the model's KV cache groups and return the layout description.
 
     Accepts one group of full-attention (a sliding window included: with vLLM's hybrid
-    KV-cache manager off every token's KV is kept) or MLA layers. Raises
-    :class:`UnrestorableGroups` for models with several KV-cache groups (HMA on: sliding
-    window groups, SSM state) or whose only group is not attention KV, and
+    KV-cache manager off every token's KV is kept) or MLA layers, and, with HMA on,
+    full-attention plus sliding-window groups of one block shape (:attr:`LayoutInfo.groups`).
+    Raises :class:`UnrestorableGroups` for models with other KV-cache groups (SSM state)
+    or whose only group is not attention KV, and
     :class:`UnsupportedModel` for chunked-local attention, packed/quantized caches and
     unknown layouts.
     """
     groups = list(kv_cache_config.kv_cache_groups)
     kinds = [type(g.kv_cache_spec).__name__ for g in groups]
+    hma: tuple[GroupLayout, ...] = ()
+    first = 0
     if len(groups) != 1:
         # vLLM's hybrid KV-cache manager (HMA) is on: a hit must restore every group the
-        # model reads at the hit position, and only full-attention KV is restorable.
-        others = sorted({k for k in kinds if k not in _RESTORABLE_SPECS})
-        raise UnrestorableGroups(
-            f"the model has {len(groups)} KV-cache groups ({', '.join(kinds)}); the "
-            f"connector restores full-attention KV only, not {', '.join(others) or 'several groups'}"
-            ", so it reports no hits and stores nothing for this model"
-            + (
-                " (sliding-window models are cached with vLLM's hybrid KV-cache manager off: "
-                "--disable-hybrid-kv-cache-manager)"
-                if others and all("SlidingWindow" in k for k in others)
-                else ""
+        # model reads at the hit position: full-attention and sliding-window KV are
+        # restorable, SSM state is not.
+        others = sorted({k for k in kinds if k not in _HMA_SPECS})
+        if others or "FullAttentionSpec" not in kinds:
+            raise UnrestorableGroups(
+                f"the model has {len(groups)} KV-cache groups ({', '.join(kinds)}); the "
+                "connector restores full-attention and sliding-window KV only, not "
+                f"{', '.join(others) or 'a model without full attention'}, so it reports "
+                "no hits and stores nothing for this model"
             )
-        )
-    spec = groups[0].kv_cache_spec
-    kind = kinds[0]
+        hma = _hma_groups(groups, kinds)
+        first = hma[0].group_id
+    spec = groups[first].kv_cache_spec
+    kind = kinds[first]
     if kind not in _RESTORABLE_SPECS:
         raise UnrestorableGroups(
             f"the model's only KV-cache group is {kind} (not per-token attention KV); "
@@ -163,10 +201,34 @@ def describe_layout(vllm_config: Any, kv_cache_config: Any) -> LayoutInfo:
         head_size_v=int(spec.head_size_v),
         dtype=str(spec.dtype).removeprefix("torch."),
         cache_dtype=str(getattr(cache_config, "cache_dtype", "auto")),
-        layer_names=tuple(groups[0].layer_names),
-        group_id=0,
+        layer_names=tuple(n for g in hma for n in g.layer_names)
+        if hma
+        else tuple(groups[0].layer_names),
+        group_id=first,
         num_groups=len(groups),
+        groups=hma,
     )
+
+
+def _hma_groups(groups: Sequence[Any], kinds: Sequence[str]) -> tuple[GroupLayout, ...]:
+    """The groups of a full-attention + sliding-window model under HMA, the first
+    full-attention group first; their blocks must have one shape."""
+    first = kinds.index("FullAttentionSpec")
+    base = groups[first].kv_cache_spec
+    out = []
+    for gid in [first, *(i for i in range(len(groups)) if i != first)]:
+        spec = groups[gid].kv_cache_spec
+        for attr in ("block_size", "num_kv_heads", "head_size", "head_size_v", "dtype"):
+            if getattr(spec, attr, None) != getattr(base, attr, None):
+                raise UnsupportedModel(
+                    f"KV-cache groups {first} and {gid} differ in {attr} "
+                    f"({getattr(base, attr, None)} vs {getattr(spec, attr, None)})"
+                )
+        window = (
+            getattr(spec, "sliding_window", None) if kinds[gid] != "FullAttentionSpec" else None
+        )
+        out.append(GroupLayout(gid, tuple(groups[gid].layer_names), window))
+    return tuple(out)
 
 
 def _parallel(vllm_config: Any, name: str) -> int:
@@ -245,8 +307,13 @@ class BlockCopier:
         return torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
 
     # ------------------------------------------------------------------ synchronous
-    def gather(self, block_ids: Sequence[int], out: torch.Tensor) -> None:
-        """Copy blocks ``block_ids`` of every layer into ``out[:, :len(block_ids)]``."""
+    def gather(
+        self, block_ids: Sequence[int], out: torch.Tensor, others: Sequence[Sequence[int]] = ()
+    ) -> None:
+        """Copy blocks ``block_ids`` of every layer into ``out[:, :len(block_ids)]``.
+        (``others``: block ids of further KV-cache groups; a single-group copier takes
+        none, see :class:`~.group_copier.GroupedCopier`.)"""
+        _no_others(others)
         n = len(block_ids)
         if n == 0:
             return
@@ -265,8 +332,11 @@ class BlockCopier:
             else:
                 d.copy_(view.index_select(0, idx))
 
-    def scatter(self, src: torch.Tensor, block_ids: Sequence[int]) -> None:
+    def scatter(
+        self, src: torch.Tensor, block_ids: Sequence[int], others: Sequence[Sequence[int]] = ()
+    ) -> None:
         """Copy ``src[:, j]`` into block ``block_ids[j]`` of every layer."""
+        _no_others(others)
         n = self._check_src(src, block_ids)
         if n == 0:
             return
@@ -298,10 +368,13 @@ class BlockCopier:
             self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
         return self._stream
 
-    def gather_to_host(self, block_ids: Sequence[int], out: torch.Tensor) -> Any:
+    def gather_to_host(
+        self, block_ids: Sequence[int], out: torch.Tensor, others: Sequence[Sequence[int]] = ()
+    ) -> Any:
         """:meth:`gather` into a host buffer; on CUDA it runs on a side stream after the
         work queued so far and returns an event to wait on before reading ``out``
         (``None``: the copy is done)."""
+        _no_others(others)
         if self._on_cpu:
             self.gather(block_ids, out)
             return None
@@ -319,10 +392,13 @@ class BlockCopier:
             event.record(stream)
         return event
 
-    def scatter_from_host(self, src: torch.Tensor, block_ids: Sequence[int]) -> Any:
+    def scatter_from_host(
+        self, src: torch.Tensor, block_ids: Sequence[int], others: Sequence[Sequence[int]] = ()
+    ) -> Any:
         """:meth:`scatter` from a host buffer; on CUDA it runs on a side stream and
         returns an event (the compute stream must wait for it before reading the blocks,
         see :meth:`order_before_compute`); ``None``: the copy is done."""
+        _no_others(others)
         if self._on_cpu:
             self.scatter(src, block_ids)
             return None
@@ -344,6 +420,11 @@ class BlockCopier:
         for ev in events:
             if ev is not None:
                 current.wait_event(ev)
+
+
+def _no_others(others: Sequence[Sequence[int]]) -> None:
+    if others:
+        raise ValueError("a single-group copier got block ids of other KV-cache groups")
 
 
 def block_runs(block_ids: Sequence[int]) -> list[tuple[int, int, int]]:

@@ -36,6 +36,7 @@ import torch
 
 from ...hierarchy.tiered import PrefixLookup
 from ...keys import CacheEngineKey
+from .group_copier import GroupedCopier
 from .layout import BlockCopier
 from .metadata import ChunkLoad
 from .staging import ChunkBuffers
@@ -88,7 +89,7 @@ class AsyncLoads:
         self,
         storage: Storage,
         buffers: ChunkBuffers,
-        copier: BlockCopier,
+        copier: BlockCopier | GroupedCopier,
         *,
         deadline_s: float,
         block_nbytes: int,
@@ -213,7 +214,9 @@ class AsyncLoads:
             if job.closed:
                 return False
             t0 = time.perf_counter()
-            event = self.copier.scatter_from_host(buf[:, ld.skip : ld.skip + n], ld.block_ids)
+            event = self.copier.scatter_from_host(
+                buf[:, ld.skip : ld.skip + n], ld.block_ids, ld.other_blocks
+            )
             if event is not None:
                 event.synchronize()
             spent = time.perf_counter() - t0

@@ -22,7 +22,9 @@ class ChunkLoad:
     """Load one stored chunk and write blocks ``skip..`` of it into ``block_ids``.
 
     ``block_ids`` are the request's blocks for the chunk from block ``skip`` on (blocks
-    before ``skip`` are already computed locally and are not touched).
+    before ``skip`` are already computed locally and are not touched). ``other_blocks``:
+    the same positions in each other restored KV-cache group (HMA on; a null block, id 0,
+    is a position outside a sliding window: not written).
     """
 
     req_id: str
@@ -30,6 +32,7 @@ class ChunkLoad:
     chunk_hash: int
     skip: int
     block_ids: list[int]
+    other_blocks: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -46,6 +49,7 @@ class ChunkSave:
     chunk_hash: int
     block_ids: list[int]
     reads: list[int] = field(default_factory=list)
+    other_blocks: list[list[int]] = field(default_factory=list)  # as in ChunkLoad
 
 
 @dataclass
@@ -61,7 +65,10 @@ class StepMetadata(KVConnectorMetadata):
     rank, chunks the scheduler no longer offers (their pins end after this step's
     loads); ``finish_after_save`` names finished requests whose blocks vLLM keeps until
     the workers have gathered their saves; ``reset`` orders every worker to clear its
-    private tiers before any load of the step. ``chains`` (only with a placement
+    private tiers before any load of the step; ``failed_async`` names requests whose
+    background load could not be planned whole (several KV-cache groups: vLLM takes no
+    block-level errors there, the workers report the request's load as failed).
+    ``chains`` (only with a placement
     policy configured) holds, per request scheduled for the first time, the hashes of
     its prompt's full chunks in order: the workers tell their hierarchy's policies
     (``observe_prefix``), which would otherwise see neither the misses nor the chain.
@@ -79,6 +86,7 @@ class StepMetadata(KVConnectorMetadata):
     release: dict[int, list[int]] = field(default_factory=dict)
     finish_after_save: list[str] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    failed_async: list[str] = field(default_factory=list)
     #: ``reset_cache`` was called: clear the private tiers before this step's loads
     reset: bool = False
     chains: list[list[int]] = field(default_factory=list)
@@ -92,6 +100,7 @@ class StepMetadata(KVConnectorMetadata):
             or self.async_loads
             or self.saves
             or self.failed_blocks
+            or self.failed_async
             or self.release
             or self.finish_after_save
             or self.chains

@@ -16,12 +16,13 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ...keys import CacheEngineKey
+from .group_copier import GroupedCopier
 from .layout import BlockCopier
 from .staging import ChunkBuffers
 from .storage import Storage
@@ -38,6 +39,7 @@ class SaveItem:
     req_id: str
     chunk_index: int
     block_ids: list[int]
+    other_blocks: list[list[int]] = field(default_factory=list)  # other KV-cache groups
 
 
 class SaveQueue:
@@ -52,7 +54,7 @@ class SaveQueue:
         self,
         storage: Storage,
         buffers: ChunkBuffers,
-        copier: BlockCopier,
+        copier: BlockCopier | GroupedCopier,
         after_store: Callable[[CacheEngineKey], Any] | None = None,
     ) -> None:
         self.storage = storage
@@ -97,7 +99,7 @@ class SaveQueue:
                     dropped.append(item)
                     continue
                 try:
-                    event = self.copier.gather_to_host(item.block_ids, buf)
+                    event = self.copier.gather_to_host(item.block_ids, buf, item.other_blocks)
                 except BaseException:
                     self.buffers.give(buf)
                     raise

@@ -29,12 +29,14 @@ import logging
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...interface import Pinning, implements
 from .connector_stats import ConnectorStats, StatsDelta
 from .context import ConnectorContext
+from .group_copier import NULL_BLOCK
 from .keying import RequestKeyer
 from .kv_events import KVEvents
 from .lookups import ViewLookups
@@ -115,6 +117,10 @@ class _Req:
     last_save_step: int = -1
     async_failed: set[int] = field(default_factory=set)
     chunk_tiers: dict[int, str] = field(default_factory=dict)  # planned hit: chunk -> tier
+    #: chunks from here on are not offered again (a background load of one failed and
+    #: vLLM recomputes the request from its start: several KV-cache groups)
+    load_cap: int | None = None
+    async_blocks: list[int] = field(default_factory=list)  # blocks a background load fills
 
 
 @dataclass
@@ -134,6 +140,7 @@ class _Counters:
     stale_hits: int = 0
     lookup_errors: int = 0
     saves_held_back: int = 0
+    saves_outside_window: int = 0
     save_resets: int = 0
     unplannable_loads: int = 0
     delayed_finishes: int = 0
@@ -170,12 +177,14 @@ class SchedulerSide:
         self._sync_loads: list[ChunkLoad] = []
         self._async_loads: dict[str, list[ChunkLoad]] = {}
         self._failed_blocks: list[int] = []
+        self._failed_async: list[str] = []
         self._final_saves: list[ChunkSave] = []
         self._finish_after: list[str] = []
         self._release: dict[int, list[int]] = {}
         self._step_load_bytes = 0
         self._chunk_bytes = 0
         self._group = 0  # vLLM's id of the KV-cache group whose blocks are copied
+        self._others: tuple[int, ...] = ()  # the other restored groups (HMA), row order
         pl = ctx.storage_config.placement
         #: send new requests' chunk chains to the workers' placement policies
         self._observe = pl is not None and pl.policy != "lru"
@@ -197,6 +206,7 @@ class SchedulerSide:
             ctx.db.for_worker(ctx.shard_of(r), ctx.key_world_size) for r in range(ctx.world_size)
         ]
         self._group = ctx.layout.group_id
+        self._others = ctx.layout.other_group_ids
         lay = ctx.layout
         elem = 1 if "8" in lay.dtype else (2 if "16" in lay.dtype else 4)
         self._chunk_bytes = (
@@ -307,6 +317,8 @@ class SchedulerSide:
             usable = hits.pinned if self.fail_policy else hits.found
             best = min(s + u for s, u in zip(starts, usable, strict=True))
             view_tiers = hits.tiers
+        if st.load_cap is not None:
+            best = min(best, st.load_cap)
         hit = best * cs
         if hit >= request.num_tokens:
             hit = request.num_tokens - 1  # the last token is always recomputed
@@ -318,6 +330,10 @@ class SchedulerSide:
             ch: (self._top if ch < in_memory else view_tiers.get(ch, "?"))
             for ch in range(num_computed_tokens // cs, best)
         }
+        if self._others:
+            # Several KV-cache groups: vLLM takes no block-level load errors (it raises),
+            # so every load runs in the background and a failure fails the request's load.
+            st.plan_async = True
         if not st.plan_async:
             nbytes = -(-ext // cs) * self._chunk_bytes
             limit = self.ctx.settings.options.max_load_bytes_per_step
@@ -383,9 +399,10 @@ class SchedulerSide:
         if st is None or self.taint is None:
             return
         try:
-            block_ids = list(blocks.get_block_ids()[self._group]) if blocks is not None else []
-        except (AttributeError, IndexError, TypeError):
-            block_ids = []
+            groups = [list(g) for g in blocks.get_block_ids()] if blocks is not None else []
+        except (AttributeError, TypeError):
+            groups = []
+        block_ids = groups[self._group] if self._group < len(groups) else []
         bs = self.ctx.block_size
         computed = max(st.lookup_local, int(getattr(request, "num_computed_tokens", 0) or 0))
         self.taint.admit(request.request_id, block_ids, -(-computed // bs) + 1)
@@ -394,41 +411,65 @@ class SchedulerSide:
             if not st.loading_async and self.lookups is not None:
                 self.lookups.release(request.request_id)
             return
-        self._plan_load(st, block_ids, st.lookup_local, st.lookup_local + num_external_tokens)
+        others = [groups[g] if g < len(groups) else [] for g in self._others]
+        self._plan_load(
+            st, block_ids, st.lookup_local, st.lookup_local + num_external_tokens, others
+        )
         self.counters.hit_tokens += num_external_tokens
         self.counters.hit_requests += 1
 
-    def _plan_load(self, st: _Req, block_ids: list[int], start: int, end: int) -> None:
+    def _plan_load(
+        self, st: _Req, block_ids: list[int], start: int, end: int, others: list[list[int]]
+    ) -> None:
+        """Plan the load of tokens ``[start, end)`` into ``block_ids`` (and, with several
+        KV-cache groups, the same positions of ``others``)."""
         assert self.taint is not None
         req_id = st.request.request_id
         cs, bs, bpc = self.ctx.chunk_size, self.ctx.block_size, self.ctx.blocks_per_chunk
         last_block = -(-end // bs)  # blocks [start // bs, last_block) receive data
         loads: list[ChunkLoad] = []
         targets: list[tuple[int, int]] = []
+        doomed = False
         for c in range(start // cs, -(-end // cs)):
             first = max(start // bs, c * bpc)
             stop = min(last_block, (c + 1) * bpc)
-            if stop > len(block_ids) or c >= len(st.hashes):
-                # vLLM counts these tokens as computed: report their blocks as failed.
-                bad = block_ids[first : min(last_block, len(block_ids))]
-                self._failed_blocks.extend(bad)
-                targets.extend((i, block_ids[i]) for i in range(first, first + len(bad)))
+            short = any(stop > len(o) for o in others)
+            if stop > len(block_ids) or c >= len(st.hashes) or short:
                 self.counters.unplannable_loads += 1
                 log.error(
                     "LMCacheCoreConnector: load of %s needs blocks up to %d but %d are "
                     "allocated; reporting them as failed",
                     req_id,
                     last_block,
-                    len(block_ids),
+                    min([len(block_ids), *(len(o) for o in others)]),
                 )
+                if self._others:  # the whole background load fails (see failed_async)
+                    doomed = True
+                    break
+                # vLLM counts these tokens as computed: report their blocks as failed.
+                bad = block_ids[first : min(last_block, len(block_ids))]
+                self._failed_blocks.extend(bad)
+                targets.extend((i, block_ids[i]) for i in range(first, first + len(bad)))
                 break
-            loads.append(ChunkLoad(req_id, c, st.hashes[c], first - c * bpc, block_ids[first:stop]))
+            loads.append(
+                ChunkLoad(
+                    req_id,
+                    c,
+                    st.hashes[c],
+                    first - c * bpc,
+                    block_ids[first:stop],
+                    [o[first:stop] for o in others],
+                )
+            )
             targets.extend((i, block_ids[i]) for i in range(first, stop))
         if loads:  # loaded chunks are stored already: never saved again from here
             st.stored_upto = max(st.stored_upto, loads[-1].chunk_index + 1)
-        if st.plan_async and loads:
+        if doomed:
+            self._failed_async.append(req_id)
+        if st.plan_async and (loads or doomed):
             self._async_loads[req_id] = loads
             st.loading_async = True
+            st.async_blocks = [b for _, b in targets]
             self.taint.loading(req_id, targets, None)
             self.counters.async_loads += 1
         else:
@@ -454,6 +495,7 @@ class SchedulerSide:
         meta.loads, self._sync_loads = self._sync_loads, []
         meta.async_loads, self._async_loads = self._async_loads, {}
         meta.failed_blocks, self._failed_blocks = self._failed_blocks, []
+        meta.failed_async, self._failed_async = self._failed_async, []
         meta.saves, self._final_saves = self._final_saves, []
         meta.finish_after_save, self._finish_after = self._finish_after, []
         meta.release, self._release = self._release, {}
@@ -465,9 +507,9 @@ class SchedulerSide:
         self.counters.preempted_requests += len(preempted)
         meta.preempted = sorted(preempted)
         block_state = getattr(scheduler_output, "kv_connector_block_state", None)
-        steps: list[tuple[str, int, list[int] | None]] = []
+        steps: list[tuple[str, int, list[list[int]] | None]] = []
         for new in scheduler_output.scheduled_new_reqs:
-            steps.append((new.req_id, new.num_computed_tokens, list(new.block_ids[self._group])))
+            steps.append((new.req_id, new.num_computed_tokens, [list(g) for g in new.block_ids]))
         cached = scheduler_output.scheduled_cached_reqs
         resumed: set[str] = getattr(cached, "resumed_req_ids", None) or set()
         for i, req_id in enumerate(cached.req_ids):
@@ -478,22 +520,23 @@ class SchedulerSide:
 
         if self._observe:
             meta.chains = self._new_chains(scheduler_output)
-        tables: dict[str, list[int] | None] = {}
+        tables: dict[str, list[list[int]] | None] = {}
 
-        def table(req_id: str, fallback: list[int] | None) -> list[int] | None:
+        def table(req_id: str, fallback: list[list[int]] | None) -> list[list[int]] | None:
+            """The request's block ids, every KV-cache group."""
             if req_id not in tables:
                 ids = block_state.get_block_ids(req_id) if block_state is not None else None
-                tables[req_id] = list(ids[self._group]) if ids else fallback
+                tables[req_id] = [list(g) for g in ids] if ids else fallback
             return tables[req_id]
 
         num_sched = scheduler_output.num_scheduled_tokens
         accesses = []
         for req_id, computed, fallback in steps:
             if taint.holds(req_id):
-                blocks = table(req_id, fallback)
-                if blocks is not None:
+                groups = table(req_id, fallback)
+                if groups is not None and self._group < len(groups):
                     sched = int(num_sched.get(req_id, 0))
-                    accesses.append(taint.access(req_id, blocks, computed, sched))
+                    accesses.append(taint.access(req_id, groups[self._group], computed, sched))
         taint.record_step(self.step, accesses)
 
         saving = {s.chunk_hash for s in meta.saves}
@@ -545,9 +588,11 @@ class SchedulerSide:
         limit = min(limit, len(st.hashes))
         if limit <= st.stored_upto:
             return False
-        blocks = blocks_of()
-        if blocks is None:
+        groups = blocks_of()
+        if groups is None or self._group >= len(groups):
             return False
+        blocks = groups[self._group]
+        others = [groups[g] if g < len(groups) else [] for g in self._others]
         bpc = self.ctx.blocks_per_chunk
         limit = min(limit, len(blocks) // bpc)
         req_id = st.request.request_id
@@ -563,8 +608,14 @@ class SchedulerSide:
                 self.counters.saves_held_back += 1
                 limit = c
                 break
+            window = [o[c * bpc : (c + 1) * bpc] for o in others]
+            if any(len(w) < bpc or NULL_BLOCK in w for w in window):
+                # A sliding-window group no longer holds (part of) this chunk: vLLM freed
+                # the blocks outside the window before the chunk could be saved.
+                self.counters.saves_outside_window += 1
+                continue
             saving.add(h)
-            out.append(ChunkSave(req_id, c, h, blocks[c * bpc : (c + 1) * bpc], reads))
+            out.append(ChunkSave(req_id, c, h, blocks[c * bpc : (c + 1) * bpc], reads, window))
             if self.events is not None:
                 self.events.planned(h, st.request, c)
             if c >= n_prompt_chunks:
@@ -624,14 +675,25 @@ class SchedulerSide:
                 log.error("LMCacheCoreConnector disabled, serving no hits: %s", self.disabled)
         elif invalid:
             self.taint.resolve_step(self.acked, invalid)
+        failed_recving = set(getattr(output, "failed_recving", None) or ())
         for req_id in getattr(output, "finished_recving", None) or ():
             st = self.reqs.get(req_id)
-            self.taint.resolve_async(req_id, ())
+            if req_id in failed_recving and st is not None:
+                # Several KV-cache groups: the load failed as a whole (no block-level
+                # report); vLLM recomputes the request from its start.
+                self.taint.resolve_async(req_id, st.async_blocks)
+                failed = st.async_failed or {st.lookup_local // self.ctx.chunk_size}
+                cap = min(failed)
+                st.load_cap = cap if st.load_cap is None else min(st.load_cap, cap)
+                st.async_failed = set(failed)
+            else:
+                self.taint.resolve_async(req_id, ())
             if self.lookups is not None:
                 self.lookups.release(req_id)
             if st is None:
                 continue
             st.loading_async = False
+            st.async_blocks = []
             if st.async_failed:
                 c.load_failures += 1
                 c.failed_chunks += len(st.async_failed)
@@ -643,9 +705,10 @@ class SchedulerSide:
                 st.stored_upto = chunk
                 c.save_resets += 1
 
-    def request_finished(self, request: Any, block_ids: list[int]) -> bool:
-        """Forget the request. ``True``: vLLM must keep its blocks until the workers report
-        its last saves gathered (through ``get_finished``)."""
+    def request_finished(self, request: Any, block_ids: Sequence[list[int]]) -> bool:
+        """Forget the request (``block_ids``: its blocks in every KV-cache group). ``True``:
+        vLLM must keep its blocks until the workers report its last saves gathered
+        (through ``get_finished``)."""
         req_id = request.request_id
         st = self.reqs.get(req_id)
         delay = False
@@ -654,7 +717,7 @@ class SchedulerSide:
                 self._final_saves,
                 st,
                 int(request.num_computed_tokens),
-                lambda: list(block_ids),
+                lambda: [list(g) for g in block_ids],
                 {s.chunk_hash for s in self._final_saves},
             )
             in_flight = st.last_save_step > self.acked + (0 if self._device_gathers_async() else 1)
@@ -717,6 +780,7 @@ class SchedulerSide:
             if self.lookups is not None
             else 0,
             "saves_held_back": c.saves_held_back,
+            "saves_outside_window": c.saves_outside_window,
             "save_resets": c.save_resets,
             "dropped_saves": c.dropped_saves,
             "unplannable_loads": c.unplannable_loads,

@@ -6,7 +6,8 @@ cache and stores computed chunks.
   are in this worker's memory tier, served from the calling thread; a chunk that fails on
   any rank fails on every rank (one small all-reduce), its blocks are reported to vLLM.
 * **Background loads** (:mod:`.loads`) for every other hit, reported through
-  ``get_finished``.
+  ``get_finished``. With several KV-cache groups (HMA) every load is one, and a failed
+  one is reported for its request (``failed_recving``), never as block ids.
 * **Saves** (:mod:`.saves`): gathered into bounded staging memory inside the step, stored
   in the background. A save whose computation read a block that failed to load (in this
   step, or in one the scheduler had not heard of when it planned the save) is dropped.
@@ -29,6 +30,7 @@ import torch
 from ...keys import CacheEngineKey
 from .connector_stats import ConnectorStats, StatsDelta
 from .context import ConnectorContext
+from .group_copier import GroupedCopier
 from .layer_copy import LayerCopies, Segment
 from .layout import BlockCopier, UnsupportedModel, check_attention_backends
 from .loads import AsyncLoads
@@ -85,7 +87,7 @@ class WorkerSide:
         self.kv_cache_config = kv_cache_config
         self.disabled = ctx.disabled
         self.rank = 0
-        self.copier: BlockCopier | None = None
+        self.copier: BlockCopier | GroupedCopier | None = None
         self.storage: Storage | None = None
         self.saves: SaveQueue | None = None
         self.loads: AsyncLoads | None = None
@@ -94,6 +96,10 @@ class WorkerSide:
         self._sync_buffers: ChunkBuffers | None = None
         self.layer_copies: LayerCopies | None = None
         self._errors: set[int] = set()
+        #: several KV-cache groups: vLLM takes no block-level errors, a failed background
+        #: load is reported per request (``failed_recving``)
+        self._per_request_failures = bool(ctx.layout is not None and ctx.layout.groups)
+        self._failed_requests: set[str] = set()
         self._failed_at: dict[int, int] = {}  # block -> step of its failed load
         self._report = WorkerReport()
         self._reported_disabled = False
@@ -154,12 +160,19 @@ class WorkerSide:
                 raise UnsupportedModel(
                     f"KV caches of layers outside the attention group: {extra[:3]}"
                 )
-            self.copier = BlockCopier(
-                [kv_caches[n] for n in layers], int(self.kv_cache_config.num_blocks)
-            )
-            per_layer = self.copier.views
-            if ctx.settings.options.layerwise_loads and LayerCopies.usable(per_layer):
-                self.layer_copies = LayerCopies(layers, per_layer)
+            num_blocks = int(self.kv_cache_config.num_blocks)
+            if ctx.layout.groups:  # HMA: every group's layers, group after group
+                self.copier = GroupedCopier(
+                    [
+                        BlockCopier([kv_caches[n] for n in g.layer_names], num_blocks)
+                        for g in ctx.layout.groups
+                    ]
+                )
+            else:
+                self.copier = BlockCopier([kv_caches[n] for n in layers], num_blocks)
+                per_layer = self.copier.views
+                if ctx.settings.options.layerwise_loads and LayerCopies.usable(per_layer):
+                    self.layer_copies = LayerCopies(layers, per_layer)
         except UnsupportedModel as exc:
             self._disable(str(exc))
             return
@@ -294,8 +307,9 @@ class WorkerSide:
                 self._failed_at[b] = meta.step
         if meta.loads:
             self._load_sync(meta)
+        doomed = set(meta.failed_async)
         for req_id, loads in meta.async_loads.items():
-            if self.disabled or self.loads is None:
+            if self.disabled or self.loads is None or req_id in doomed:
                 self._unstarted[req_id] = loads  # reported as failed in get_finished
                 continue
             self.loads.start(req_id, loads, [self.db.make_key(ld.chunk_hash) for ld in loads])
@@ -405,7 +419,9 @@ class WorkerSide:
                 ld = loads[j]
                 n = len(ld.block_ids)
                 events.append(
-                    self.copier.scatter_from_host(view[:, ld.skip : ld.skip + n], ld.block_ids)
+                    self.copier.scatter_from_host(
+                        view[:, ld.skip : ld.skip + n], ld.block_ids, ld.other_blocks
+                    )
                 )
                 ok[j] = True
             for e in events:  # the views are read until the copies are done
@@ -478,7 +494,9 @@ class WorkerSide:
                     ld = loads[j]
                     n = len(ld.block_ids)
                     events.append(
-                        self.copier.scatter_from_host(buf[:, ld.skip : ld.skip + n], ld.block_ids)
+                        self.copier.scatter_from_host(
+                            buf[:, ld.skip : ld.skip + n], ld.block_ids, ld.other_blocks
+                        )
                     )
                     ok[j] = True
                 if any(e is not None for e in events):
@@ -517,7 +535,12 @@ class WorkerSide:
             return
         items = [
             SaveItem(
-                self.db.make_key(s.chunk_hash), s.chunk_hash, s.req_id, s.chunk_index, s.block_ids
+                self.db.make_key(s.chunk_hash),
+                s.chunk_hash,
+                s.req_id,
+                s.chunk_index,
+                s.block_ids,
+                s.other_blocks,
             )
             for s in saves
         ]
@@ -543,9 +566,12 @@ class WorkerSide:
             out = self.loads.poll()
             recving = out.finished
             if out.failed_blocks:
-                self._errors.update(out.failed_blocks)
+                if not self._per_request_failures:
+                    self._errors.update(out.failed_blocks)
                 for b in out.failed_blocks:
                     self._failed_at[b] = self._step
+            if self._per_request_failures:
+                self._failed_requests.update(out.failed_chunks)
             self._report.async_failed.update(out.failed_chunks)
             if out.missing_hashes:
                 self._report.missing.setdefault(self.rank, []).extend(out.missing_hashes)
@@ -556,10 +582,13 @@ class WorkerSide:
         # Loads the worker could not even start (disabled) end at once, all failed.
         for req_id, loads in self._unstarted.items():
             for ld in loads:
-                self._errors.update(ld.block_ids)
+                if not self._per_request_failures:
+                    self._errors.update(ld.block_ids)
                 for b in ld.block_ids:
                     self._failed_at[b] = self._step
             self._report.async_failed[req_id] = sorted({ld.chunk_index for ld in loads})
+            if self._per_request_failures:
+                self._failed_requests.add(req_id)
             recving.add(req_id)
         self._unstarted.clear()
         sending = {
@@ -567,6 +596,12 @@ class WorkerSide:
         }
         self._pending_finish -= sending
         return sending or None, recving or None
+
+    def take_failed_requests(self) -> set[str]:
+        """Requests whose background load failed, reported as a whole (several KV-cache
+        groups); each is also in this call's or an earlier call's finished set."""
+        failed, self._failed_requests = self._failed_requests, set()
+        return failed
 
     def take_errors(self) -> set[int]:
         errors, self._errors = self._errors, set()
