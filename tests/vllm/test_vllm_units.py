@@ -217,6 +217,31 @@ def test_lora_adapter_is_its_name_and_files_not_the_servers_integer_id(tmp_path:
 KNOWN_LORA_FIRST_CHUNK = "f5af10afe7d84c2d758533678d73d441"
 
 
+def test_adapter_files_replaced_and_registered_under_a_new_id_get_new_keys(
+    tmp_path: Path,
+) -> None:
+    """One keyer (as in a running server): replacing an adapter's files at the same path
+    and registering it again (vLLM loads files once per integer id) must not reuse the
+    old files' revision, or chunks computed with the new weights would be stored under
+    the old adapter's keys."""
+    from vllm.lora.request import LoRARequest
+
+    from lmcache_core.integrations.vllm.keying import RequestKeyer
+
+    keyer = RequestKeyer(_db(), block_size=2)
+    toks = list(range(10, 18))
+    path = _adapter(tmp_path / "lora", b"weights-v1")
+
+    def lora(int_id: int) -> tuple[int, ...]:
+        req = _request(toks, lora_request=LoRARequest("ad", int_id, str(path)))
+        return _hashes(req, keyer)
+
+    old = lora(1)
+    (path / "adapter_model.safetensors").write_bytes(b"weights-v2, another length")
+    assert lora(2) != old  # registered again: the new files' revision
+    assert lora(1) == old  # the id vLLM loaded the first files under keeps their keys
+
+
 def test_lora_adapter_given_as_a_hub_id_is_resolved_offline_like_the_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -81,8 +81,10 @@ class RequestKeyer:
         self.block_size = block_size
         self.vllm_block_hashes = vllm_block_hashes
         self.unkeyable: Counter[str] = Counter()
-        #: lora_path -> (revision or None, when it was looked up)
-        self._lora_revisions: dict[str, tuple[str | None, float]] = {}
+        #: (lora_path, vLLM's integer id) -> (revision or None, when it was looked up).
+        #: vLLM loads an adapter's files once per integer id, so a new id for the same
+        #: path (its files replaced and registered again) is identified afresh.
+        self._lora_revisions: dict[tuple[str, int], tuple[str | None, float]] = {}
 
     # ------------------------------------------------------------------ extra keys
     def _lora_key(self, lora: Any) -> tuple[Any, ...] | str:
@@ -92,16 +94,17 @@ class RequestKeyer:
         if not path:
             return f"LoRA adapter {name!r} has no path to identify its weights"
         path = str(path)
-        known = self._lora_revisions.get(path)
+        slot = (path, int(getattr(lora, "lora_int_id", 0) or 0))
+        known = self._lora_revisions.get(slot)
         now = time.monotonic()
         if known is None or (known[0] is None and now - known[1] >= ADAPTER_RETRY_S):
             try:
                 known = (adapter_revision(path), now)
             except (UnknownRevision, OSError) as exc:
-                if path not in self._lora_revisions:
+                if slot not in self._lora_revisions:
                     log.warning("cannot identify LoRA adapter %r: %s", name, exc)
                 known = (None, now)
-            self._lora_revisions[path] = known
+            self._lora_revisions[slot] = known
         revision = known[0]
         if revision is None:
             return f"LoRA adapter {name!r} has no weight files found locally"
