@@ -175,11 +175,13 @@ def _parse_codec(text: str) -> dict[str, Any]:
 
 
 def _model(arg: str | None) -> tuple[str, bool]:
-    if arg:
-        return arg, True
+    """The model folder and whether it is the trained measuring model."""
     from lmcache_core.cli.bench_codecs import default_model
 
-    return default_model()
+    path, trained = default_model()
+    if arg:
+        return arg, trained and Path(arg).resolve() == Path(path).resolve()
+    return path, trained
 
 
 def _dir_bytes(root: Path) -> int:
