@@ -56,20 +56,9 @@ def _read_bytes() -> int:
 
 
 def _drop_page_cache(root: str) -> int:
-    n = 0
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            try:
-                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                n += 1
-            finally:
-                os.close(fd)
-    return n
+    from _util import drop_page_cache
+
+    return drop_page_cache(root)
 
 
 def _child(spec: dict[str, Any]) -> dict[str, Any]:

@@ -124,21 +124,9 @@ def _child_hit(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _drop_page_cache(root: str) -> int:
-    """Evict the tier's files from the page cache (only them: the machine is shared)."""
-    n = 0
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            try:
-                fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                n += 1
-            finally:
-                os.close(fd)
-    return n
+    from _util import drop_page_cache
+
+    return drop_page_cache(root)
 
 
 def _child_disk(spec: dict[str, Any]) -> dict[str, Any]:
@@ -204,26 +192,11 @@ def _child_disk(spec: dict[str, Any]) -> dict[str, Any]:
     return {**rows, "chunks": len(keys), "chunk_bytes": outs[0].numel() * 4}
 
 
-def _saves_pending() -> int:
-    """Chunks this process's connector still has to store (gathered, not yet in the
-    first tier, or queued or running for a tier below); 0 without a connector. The
-    worker shares the process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one rank)."""
-    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
-
-    if not has_kv_transfer_group():
-        return 0
-    worker = getattr(get_kv_transfer_group(), "_worker", None)
-    if worker is None or worker.saves is None or worker.storage is None:
-        return 0
-    return int(worker.saves.pending) + int(worker.storage.stats()["pending_stores"])
-
-
 def _wait_saves(timeout: float = 60.0) -> float:
     """Wait until every save has reached every tier; seconds waited."""
-    t0 = time.perf_counter()
-    while _saves_pending() and time.perf_counter() - t0 < timeout:
-        time.sleep(0.005)
-    return time.perf_counter() - t0
+    from lmcache_core.integrations.vllm.in_process import wait_for_saves
+
+    return wait_for_saves(timeout)
 
 
 def _child_serve(spec: dict[str, Any], out_prefix: str) -> None:

@@ -519,21 +519,10 @@ def _report(
     return 0 if ok else 1
 
 
-def _floats(text: str) -> list[float]:
-    try:
-        out = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {text!r}"
-        ) from None
-    if not out or any(not x > 0 for x in out):
-        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
-    return out
-
-
 def add_rag_arguments(ap: Any) -> None:
     """The arguments of ``lmcache-core bench rag``."""
     from .main import add_output_flags
+    from .simulate import positive_floats
 
     ap.add_argument("--requests", type=int, default=200, help="requests (default 200)")
     ap.add_argument("--docs", type=int, default=40, help="documents in the pool (default 40)")
@@ -543,7 +532,7 @@ def add_rag_arguments(ap: Any) -> None:
     ap.add_argument("--block-size", type=int, default=32, help="vLLM block size (default 32)")
     ap.add_argument(
         "--capacities",
-        type=_floats,
+        type=positive_floats,
         default=[0.1, 0.25, 0.5],
         help="cpu tier sizes as fractions of the working set (default 0.1,0.25,0.5)",
     )

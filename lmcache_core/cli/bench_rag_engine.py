@@ -28,22 +28,10 @@ from typing import Any
 __all__ = ["run_engine"]
 
 
-def _saves_pending() -> int:
-    """Chunks this process's connector still has to store; 0 without a connector."""
-    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
-
-    if not has_kv_transfer_group():
-        return 0
-    worker = getattr(get_kv_transfer_group(), "_worker", None)
-    if worker is None or worker.saves is None or worker.storage is None:
-        return 0
-    return int(worker.saves.pending) + int(worker.storage.stats()["pending_stores"])
-
-
 def _wait_saves(timeout_s: float = 30.0) -> None:
-    t0 = time.perf_counter()
-    while _saves_pending() and time.perf_counter() - t0 < timeout_s:
-        time.sleep(0.002)
+    from ..integrations.vllm.in_process import wait_for_saves
+
+    wait_for_saves(timeout_s, poll_s=0.002)
 
 
 def _margin(completion: Any) -> float:

@@ -19,10 +19,11 @@ from typing import Any
 from ..tables import format_table
 from .main import add_output_flags, print_json, wants_json
 
-__all__ = ["register", "run_simulate"]
+__all__ = ["positive_floats", "register", "run_simulate"]
 
 
-def _floats(text: str) -> list[float]:
+def positive_floats(text: str) -> list[float]:
+    """argparse type: comma-separated positive numbers."""
     try:
         out = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -65,7 +66,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--capacities",
-        type=_floats,
+        type=positive_floats,
         default=[0.1, 0.25, 0.5],
         help="tier sizes as fractions of each trace's working set (default 0.1,0.25,0.5)",
     )
