@@ -410,12 +410,7 @@ class WorkerSide:
         ok = [False] * len(loads)
         events = []
         try:
-            for j, b in enumerate(borrowed):
-                if b is None:
-                    continue
-                view = b[1]
-                if view.dtype != self.copier.dtype or tuple(view.shape) != shape:
-                    continue  # foreign data: a miss
+            for j, view in self._usable_borrows(borrowed, shape):
                 ld = loads[j]
                 n = len(ld.block_ids)
                 events.append(
@@ -433,6 +428,19 @@ class WorkerSide:
         c.scatter_seconds += time.perf_counter() - t2
         return ok
 
+    def _usable_borrows(
+        self, borrowed: list[tuple[object, Any] | None], shape: tuple[int, ...]
+    ) -> list[tuple[int, Any]]:
+        """``(index, view)`` of the borrowed chunks of this cache's dtype and chunk
+        ``shape``; the others (absent, or foreign data) are misses."""
+        assert self.copier is not None
+        dtype = self.copier.dtype
+        return [
+            (j, b[1])
+            for j, b in enumerate(borrowed)
+            if b is not None and b[1].dtype == dtype and tuple(b[1].shape) == shape
+        ]
+
     def _start_layer_copies(
         self,
         loads: list[ChunkLoad],
@@ -446,12 +454,7 @@ class WorkerSide:
         assert self.layer_copies is not None
         ok = [False] * len(loads)
         per_layer: list[list[Segment]] = [[] for _ in range(self.copier.num_layers)]
-        for j, b in enumerate(borrowed):
-            if b is None:
-                continue
-            view = b[1]
-            if view.dtype != self.copier.dtype or tuple(view.shape) != shape:
-                continue  # foreign data: a miss
+        for j, view in self._usable_borrows(borrowed, shape):
             ld = loads[j]
             if not self.layer_copies.plan(per_layer, view, ld.skip, ld.block_ids):
                 return None
