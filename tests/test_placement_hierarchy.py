@@ -209,10 +209,10 @@ def test_observe_prefix_tells_the_policy_the_chain_and_each_access_from_any_thre
             t.join()
             info = h._chains.info(keys[2], CHUNK)
             assert (info.parent, info.position) == (keys[1], 2)
-            assert [pol._hist[k].count for k in keys] == [1, 1, 1]
+            assert [pol.access_count(k) for k in keys] == [1, 1, 1]
             assert await h.batched_put(keys, [chunk(i) for i in range(3)]) == [True] * 3
             h.observe_prefix(keys)  # now hits: counted, and the policy still sees them resident
-            assert [pol._hist[k].count for k in keys] == [2, 2, 2]
+            assert [pol.access_count(k) for k in keys] == [2, 2, 2]
             assert all(pol.info_of(k) is not None for k in keys)
             assert h.tier("cpu").stats.pins == 0
         async with TieredHierarchy.from_config(config(8)) as plain:

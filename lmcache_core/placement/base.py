@@ -15,16 +15,24 @@ the hook is wired, see ``docs/placement.md``) calls it at four points:
 :func:`victim_selector` adapts a policy to the backend interface's
 :data:`~lmcache_core.interface.VictimSelector` (the ``VictimSelection`` capability).
 Policies do no I/O and hold no locks: the caller serialises calls per tier.
+
+Two batched forms are optional. A policy may define
+``record_accesses(keys, infos, hits)`` (one call per lookup instead of one per chunk) and
+``victim_in(allowed, limit)`` (the first key in its eviction order that ``allowed``
+contains, among ``limit`` candidates); they must decide exactly as the per-chunk calls
+would. A policy without them gets the loops :func:`record_accesses` and :func:`victim_in`
+use by default (over :meth:`~PlacementPolicy.record_access` and
+:meth:`~PlacementPolicy.victim`), so a third-party policy needs only the five methods.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Container, Hashable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["ChunkInfo", "PlacementPolicy", "victim_selector"]
+__all__ = ["ChunkInfo", "PlacementPolicy", "record_accesses", "victim_in", "victim_selector"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +79,44 @@ class PlacementPolicy(Protocol):
         evicted the key. (A policy may reorder its own queues while looking, as S3-FIFO
         does.)"""
         ...
+
+
+def record_accesses(
+    policy: PlacementPolicy,
+    keys: Sequence[Hashable],
+    infos: Sequence[ChunkInfo],
+    hits: Sequence[bool],
+) -> None:
+    """Record one lookup's accesses: ``policy.record_accesses`` when the policy has it,
+    else :meth:`~PlacementPolicy.record_access` for each (key, info, hit) in order."""
+    batched = getattr(policy, "record_accesses", None)
+    if batched is not None:
+        batched(keys, infos, hits)
+        return
+    for key, info, hit in zip(keys, infos, hits, strict=True):
+        policy.record_access(key, info, hit)
+
+
+def victim_in(
+    policy: PlacementPolicy, allowed: Container[Hashable], limit: int = 64
+) -> Hashable | None:
+    """The first key in ``policy``'s eviction order that ``allowed`` contains, asking for
+    at most ``limit`` victims (``None``: none found): ``policy.victim_in`` when the
+    policy has it, else :meth:`~PlacementPolicy.victim` asked again with every named key
+    that ``allowed`` refused excluded."""
+    batched = getattr(policy, "victim_in", None)
+    if batched is not None:
+        found: Hashable | None = batched(allowed, limit)
+        return found
+    seen: set[Hashable] = set()
+    for _ in range(limit):
+        key = policy.victim(seen)
+        if key is None:
+            return None
+        if key in allowed:
+            return key
+        seen.add(key)
+    return None
 
 
 def victim_selector(

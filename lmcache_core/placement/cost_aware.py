@@ -29,6 +29,13 @@ Victims come from a heap with lazy re-valuation: values in growth units only ris
 accesses, so an access costs no heap work; an entry that surfaces with an out-of-date
 weight is valued again and pushed back, one whose key left or has resident children is
 dropped (a key is pushed again when its last resident child leaves).
+
+All of a key's state (its history, whether it is resident, its rate, its resident
+children) lives in one record, found with one dictionary lookup per call; heap entries
+and the sampling list hold the records themselves. :meth:`CostAwarePolicy.record_accesses`
+and :meth:`CostAwarePolicy.victim_in` are the batched forms the hierarchy uses (one call
+per lookup; one pass over the heap per eviction): they decide exactly as the per-chunk
+calls would.
 """
 
 from __future__ import annotations
@@ -36,8 +43,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Container, Hashable, Sequence
 from collections.abc import Set as AbstractSet
 
 from .base import ChunkInfo
@@ -47,17 +53,46 @@ __all__ = ["CostAwarePolicy"]
 
 _RESCALE_AT = 1e200
 
+_Entry = tuple[float, int, "_Rec", float]  # (value, push order, record, weight then)
 
-class _History:
-    """Learned state of one key (resident or remembered)."""
 
-    __slots__ = ("children", "count", "wlong", "wshort")
+class _Rec:
+    """Everything the policy knows about one key.
 
-    def __init__(self) -> None:
+    A record exists while its key is *known* (in the history: accessed and not forgotten),
+    resident, or the parent of resident chunks. ``alive`` turns false when it is dropped;
+    a heap entry holding a dropped record is resolved through its key."""
+
+    __slots__ = (
+        "alive",
+        "children",
+        "count",
+        "hpos",
+        "info",
+        "key",
+        "kids",
+        "known",
+        "opos",
+        "prec",
+        "rate",
+        "wlong",
+        "wshort",
+    )
+
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
         self.wshort = 0.0  # sum of growth weights at access times (short memory)
         self.wlong = 0.0  # the same with the long memory
         self.count = 0  # accesses
         self.children = 0  # distinct children seen after this key
+        self.known = False  # in the history
+        self.hpos = -1  # index in the sampling list (known keys)
+        self.opos = -1  # index of its latest entry in the access order (known keys)
+        self.info: ChunkInfo | None = None  # set while resident
+        self.rate = 0.0  # net prefill seconds saved per byte (resident)
+        self.kids = 0  # resident chunks whose parent this key is
+        self.prec: _Rec | None = None  # the parent's record (resident keys)
+        self.alive = True
 
 
 class CostAwarePolicy:
@@ -122,29 +157,29 @@ class CostAwarePolicy:
         self._switch_at = switch_at
         self._tick = 0
         self._rng = random.Random(0)
-        self._hist_list: list[Hashable] = []
-        self._hist_pos: dict[Hashable, int] = {}
-        self._hist: OrderedDict[Hashable, _History] = OrderedDict()
+        self._recs: dict[Hashable, _Rec] = {}
+        self._hist_list: list[_Rec] = []  # the known records (sampled by _judge)
+        # The known records in access order, lazily: a record's latest entry is at its
+        # opos; older entries are skipped (and compacted away).
+        self._order: list[_Rec | None] = []
+        self._ohead = 0
         self._history_cap = history
-        self._resident: dict[Hashable, ChunkInfo] = {}
+        self._res: dict[_Rec, None] = {}  # resident records, in insertion order
         self._used = 0
-        self._res_children: dict[Hashable, int] = {}
-        self._rate: dict[Hashable, float] = {}  # net prefill seconds saved per byte
         self._rates_by_shape: dict[tuple[int, int, int], float] = {}
-        self._heap: list[tuple[float, int, Hashable, float]] = []
+        self._heap: list[_Entry] = []
         self._seq = 0
 
     # ------------------------------------------------------------------ valuation
     def expected_hits(self, key: Hashable, info: ChunkInfo) -> float:
         """Own decayed access weight, or the parent's share when that is larger (in
         units of the current access weight: 1.0 = one access just now)."""
-        return self._hits(self._hist.get(key), info, self.long_memory) / self._growth
+        return self._hits(self._known(key), info, self.long_memory) / self._growth
 
     def value(self, key: Hashable, info: ChunkInfo) -> float:
         """Expected prefill seconds saved per byte, net of load time (decayed units)."""
-        rate = self._rate.get(key)
-        if rate is None:
-            rate = self._net_rate(info)
+        rec = self._recs.get(key)
+        rate = rec.rate if rec is not None and rec.info is not None else self._net_rate(info)
         return rate * self.expected_hits(key, info)
 
     # ------------------------------------------------------------------ interface
@@ -158,99 +193,237 @@ class CostAwarePolicy:
             self._rescale()
             gs, gl = self._growth_s, self._growth_l
         self._growth = gl if self.long_memory else gs
-        hist = self._hist
-        h = hist.get(key)
+        rec = self._recs.get(key)
         if self._adapt:
             tick = self._tick + 1
             if tick >= self._judge_every:
                 self._tick = 0
-                self._judge(h, info)
+                self._judge(rec if rec is not None and rec.known else None)
             else:
                 self._tick = tick
-        if h is None:
-            h = hist[key] = _History()
-            self._hist_pos[key] = len(self._hist_list)
-            self._hist_list.append(key)
-            if info.parent is not None:
-                ph = hist.get(info.parent)
-                if ph is not None:
-                    ph.children += 1
-            if len(hist) > self._history_cap:
-                self._forget_one()
+        if rec is None or not rec.known:
+            rec = self._learn(key, rec, info.parent)
         else:
-            hist.move_to_end(key)
-        h.wshort += gs
-        h.wlong += gl
-        h.count += 1
+            order = self._order
+            order[rec.opos] = None
+            rec.opos = len(order)
+            order.append(rec)
+            if len(order) > 2 * len(self._hist_list) + 4096:
+                self._compact_order()
+        rec.wshort += gs
+        rec.wlong += gl
+        rec.count += 1
+
+    def record_accesses(
+        self, keys: Sequence[Hashable], infos: Sequence[ChunkInfo], hits: Sequence[bool]
+    ) -> None:
+        """:meth:`record_access` for each (key, info, hit) in order (one call per lookup;
+        the same decisions as the per-chunk calls)."""
+        del hits  # the policy learns from accesses, not from their outcome
+        recs = self._recs
+        order = self._order
+        step_s, step_l = self._step_s, self._step_l
+        adapt, every = self._adapt, self._judge_every
+        for key, info in zip(keys, infos, strict=True):
+            gs = self._growth_s * step_s
+            gl = self._growth_l * step_l
+            self._growth_s = gs
+            self._growth_l = gl
+            if gs > _RESCALE_AT:
+                self._rescale()
+                gs, gl = self._growth_s, self._growth_l
+            self._growth = gl if self.long_memory else gs
+            rec = recs.get(key)
+            if adapt:
+                tick = self._tick + 1
+                if tick >= every:
+                    self._tick = 0
+                    self._judge(rec if rec is not None and rec.known else None)
+                else:
+                    self._tick = tick
+            if rec is None or not rec.known:
+                rec = self._learn(key, rec, info.parent)
+                order = self._order
+            else:
+                order[rec.opos] = None
+                rec.opos = len(order)
+                order.append(rec)
+                if len(order) > 2 * len(self._hist_list) + 4096:
+                    self._compact_order()
+                    order = self._order
+            rec.wshort += gs
+            rec.wlong += gl
+            rec.count += 1
 
     def admit(self, key: Hashable, info: ChunkInfo) -> bool:
-        if info.parent is not None and info.parent not in self._resident:
-            return False  # unreachable behind a missing parent
+        recs = self._recs
+        skip: _Rec | None = None
+        if info.parent is not None:
+            skip = recs.get(info.parent)
+            if skip is None or skip.info is None:
+                return False  # unreachable behind a missing parent
         if self._used + info.nbytes <= self.capacity_bytes:
             return True
-        victim = self.victim(frozenset({info.parent}) if info.parent is not None else frozenset())
+        victim = self._scan(None, skip, None, 0)
         if victim is None:
             return False
-        displaced = self._rate[victim] * self.expected_hits(victim, self._resident[victim])
-        return self.value(key, info) > displaced
+        vinfo = victim.info
+        assert vinfo is not None
+        lm = self.long_memory
+        growth = self._growth
+        displaced = victim.rate * (self._hits(victim if victim.known else None, vinfo, lm) / growth)
+        rec = recs.get(key)
+        rate = rec.rate if rec is not None and rec.info is not None else self._net_rate(info)
+        mine = rate * (
+            self._hits(rec if rec is not None and rec.known else None, info, lm) / growth
+        )
+        return mine > displaced
 
     def inserted(self, key: Hashable, info: ChunkInfo) -> None:
-        if key in self._resident:
+        recs = self._recs
+        rec = recs.get(key)
+        if rec is None:
+            rec = recs[key] = _Rec(key)
+        elif rec.info is not None:
             return
-        self._resident[key] = info
-        self._rate[key] = self._net_rate(info)
+        rec.info = info
+        rec.rate = self._net_rate(info)
+        self._res[rec] = None
         self._used += info.nbytes
-        if info.parent is not None:
-            self._res_children[info.parent] = self._res_children.get(info.parent, 0) + 1
-        self._push(key)
+        parent = info.parent
+        if parent is not None:
+            prec = recs.get(parent)
+            if prec is None:
+                prec = recs[parent] = _Rec(parent)  # holds its resident children's count
+            prec.kids += 1
+            rec.prec = prec
+        else:
+            rec.prec = None
+        self._push(rec)
 
     def removed(self, key: Hashable) -> None:
-        info = self._resident.pop(key, None)
-        if info is None:
+        rec = self._recs.get(key)
+        if rec is None or rec.info is None:
             return
+        info = rec.info
+        rec.info = None
+        del self._res[rec]
         self._used -= info.nbytes
-        del self._rate[key]
-        parent = info.parent
-        if parent is not None and parent in self._res_children:
-            n = self._res_children[parent] - 1
+        prec = rec.prec
+        rec.prec = None
+        if prec is not None and prec.kids > 0:
+            n = prec.kids - 1
+            prec.kids = n
             if n <= 0:
-                del self._res_children[parent]
-                if parent in self._resident:
-                    self._push(parent)  # a leaf again: evictable
-            else:
-                self._res_children[parent] = n
+                if prec.info is not None:
+                    self._push(prec)  # a leaf again: evictable
+                else:
+                    self._drop_if_unused(prec)
+        self._drop_if_unused(rec)
 
     def victim(self, exclude: AbstractSet[Hashable] = frozenset()) -> Hashable | None:
-        heap = self._heap
-        aside: list[tuple[float, int, Hashable, float]] = []
-        found: Hashable | None = None
-        hist = self._hist
-        while heap:
-            entry = heap[0]
-            key = entry[2]
-            if key not in self._rate or key in self._res_children:
-                heapq.heappop(heap)  # gone, or not a leaf (pushed again when it is)
-                continue
-            h = hist.get(key)
-            if h is not None and (h.wlong if self.long_memory else h.wshort) != entry[3]:
-                heapq.heappop(heap)  # accessed since it was pushed: value it again
-                self._push(key)
-                heap = self._heap  # a push may have rebuilt the heap
-                continue
-            if key in exclude:
-                aside.append(heapq.heappop(heap))
-                continue
-            found = key
-            break
-        for entry in aside:
-            heapq.heappush(self._heap, entry)
-        return found
+        rec = self._scan(exclude if exclude else None, None, None, 0)
+        return None if rec is None else rec.key
+
+    def victim_in(self, allowed: Container[Hashable], limit: int = 64) -> Hashable | None:
+        """The first key in eviction order that ``allowed`` contains, looking at no more
+        than ``limit`` candidates: what asking :meth:`victim` again, excluding each named
+        key that is not allowed, would find (one pass over the heap instead)."""
+        rec = self._scan(None, None, allowed, limit)
+        return None if rec is None else rec.key
+
+    def access_count(self, key: Hashable) -> int:
+        """How many accesses of ``key`` the history holds (0: none remembered)."""
+        rec = self._known(key)
+        return 0 if rec is None else rec.count
 
     def info_of(self, key: Hashable) -> ChunkInfo | None:
         """The :class:`ChunkInfo` a resident key was inserted with."""
-        return self._resident.get(key)
+        rec = self._recs.get(key)
+        return None if rec is None else rec.info
 
     # ------------------------------------------------------------------ internals
+    def _known(self, key: Hashable) -> _Rec | None:
+        rec = self._recs.get(key)
+        return rec if rec is not None and rec.known else None
+
+    def _learn(self, key: Hashable, rec: _Rec | None, parent: Hashable | None) -> _Rec:
+        """A first access (or the first since it was forgotten): ``key`` joins the history."""
+        recs = self._recs
+        if rec is None:
+            rec = recs[key] = _Rec(key)
+        rec.known = True
+        rec.hpos = len(self._hist_list)
+        self._hist_list.append(rec)
+        rec.opos = len(self._order)
+        self._order.append(rec)
+        if parent is not None:
+            prec = recs.get(parent)
+            if prec is not None and prec.known:
+                prec.children += 1
+        if len(self._hist_list) > self._history_cap:
+            self._forget_one()
+        return rec
+
+    def _scan(
+        self,
+        exclude: AbstractSet[Hashable] | None,
+        skip: _Rec | None,
+        allowed: Container[Hashable] | None,
+        limit: int,
+    ) -> _Rec | None:
+        """The lowest-valued resident leaf not in ``exclude``, not ``skip`` and (with
+        ``allowed``) in ``allowed``, among the first ``limit`` valid candidates (0: all).
+        Out-of-date entries are dropped or valued again on the way, as one :meth:`victim`
+        call after another would."""
+        heap = self._heap
+        aside: list[_Entry] = []
+        found: _Rec | None = None
+        lm = self.long_memory
+        pop = heapq.heappop
+        looked = 0
+        seen: set[Hashable] | None = None  # keys named and refused (``allowed`` only)
+        while heap:
+            entry = heap[0]
+            rec = entry[2]
+            if not rec.alive:  # dropped since: the key's current record, if any
+                cur = self._recs.get(rec.key)
+                if cur is None:
+                    pop(heap)
+                    continue
+                rec = cur
+            if rec.info is None or rec.kids:
+                pop(heap)  # gone, or not a leaf (pushed again when it is)
+                continue
+            if rec.known and (rec.wlong if lm else rec.wshort) != entry[3]:
+                pop(heap)  # accessed since it was pushed: value it again
+                self._push(rec)
+                heap = self._heap  # a push may have rebuilt the heap
+                lm = self.long_memory
+                continue
+            if rec is skip or (exclude is not None and rec.key in exclude):
+                aside.append(pop(heap))
+                continue
+            if allowed is not None:
+                key = rec.key
+                if seen is not None and key in seen:
+                    aside.append(pop(heap))  # another entry of a key already refused
+                    continue
+                if key not in allowed:
+                    looked += 1
+                    if looked >= limit:
+                        break
+                    if seen is None:
+                        seen = set()
+                    seen.add(key)
+                    aside.append(pop(heap))
+                    continue
+            found = rec
+            break
+        for e in aside:
+            heapq.heappush(self._heap, e)
+        return found
+
     def _net_rate(self, info: ChunkInfo) -> float:
         shape = (info.start_token, info.tokens, info.nbytes)
         rate = self._rates_by_shape.get(shape)
@@ -262,26 +435,27 @@ class CostAwarePolicy:
                 self._rates_by_shape.clear()
         return rate
 
-    def _score(self, key: Hashable) -> tuple[float, float]:
+    def _score(self, rec: _Rec) -> tuple[float, float]:
         """(value in growth units, which do not decay; the key's weight now)."""
-        h = self._hist.get(key)
         lm = self.long_memory
-        own = (h.wlong if lm else h.wshort) if h is not None else 0.0
-        return self._rate[key] * self._hits(h, self._resident[key], lm), own
+        own = (rec.wlong if lm else rec.wshort) if rec.known else 0.0
+        info = rec.info
+        assert info is not None
+        return rec.rate * self._hits(rec if rec.known else None, info, lm), own
 
-    def _hits(self, h: _History | None, info: ChunkInfo, long_memory: bool) -> float:
+    def _hits(self, h: _Rec | None, info: ChunkInfo, long_memory: bool) -> float:
         """Expected hits in growth units of one memory: own weight once reused, or the
         parent's weight over its fan-out when that is larger."""
         hits = 0.0
         if h is not None and h.count >= self.min_reuse:
             hits = h.wlong if long_memory else h.wshort
         if info.parent is not None:
-            ph = self._hist.get(info.parent)
-            if ph is not None and ph.children > 0:
+            ph = self._recs.get(info.parent)
+            if ph is not None and ph.known and ph.children > 0:
                 hits = max(hits, (ph.wlong if long_memory else ph.wshort) / ph.children)
         return hits
 
-    def _judge(self, h: _History | None, info: ChunkInfo) -> None:
+    def _judge(self, h: _Rec | None) -> None:
         """Which memory predicts requests better? The key requested now (its history
         before this access) is ranked against 8 keys sampled from all remembered ones
         (not only the resident ones, which the memory in use chose) under each memory;
@@ -293,13 +467,11 @@ class CostAwarePolicy:
         ks, kl = h.wshort, h.wlong
         below_s = below_l = 0
         pick = self._rng.randrange
-        hist = self._hist
         n = len(res)
         for _ in range(8):
-            rh = hist.get(res[pick(n)])
-            if rh is not None:
-                below_s += rh.wshort < ks
-                below_l += rh.wlong < kl
+            rh = res[pick(n)]
+            below_s += rh.wshort < ks
+            below_l += rh.wlong < kl
         self._vote = 0.998 * self._vote + (below_l - below_s) / 8.0
         if self._vote > self._switch_at and not self.long_memory:
             self._switch(True)
@@ -311,53 +483,79 @@ class CostAwarePolicy:
         self._growth = self._growth_l if long_memory else self._growth_s
         self._rebuild()
 
-    def _push(self, key: Hashable) -> None:
+    def _push(self, rec: _Rec) -> None:
         # _score inlined (the hot path: one push per insertion, leaf and re-valuation)
         self._seq += 1
         lm = self.long_memory
-        hist = self._hist
-        h = hist.get(key)
         hits = own = 0.0
-        if h is not None:
-            own = h.wlong if lm else h.wshort
-            if h.count >= self.min_reuse:
+        if rec.known:
+            own = rec.wlong if lm else rec.wshort
+            if rec.count >= self.min_reuse:
                 hits = own
-        parent = self._resident[key].parent
-        if parent is not None:
-            ph = hist.get(parent)
-            if ph is not None and ph.children > 0:
-                share = (ph.wlong if lm else ph.wshort) / ph.children
-                if share > hits:
-                    hits = share
+        ph = rec.prec
+        if ph is not None and ph.known and ph.children > 0:
+            share = (ph.wlong if lm else ph.wshort) / ph.children
+            if share > hits:
+                hits = share
         heap = self._heap
-        heapq.heappush(heap, (self._rate[key] * hits, self._seq, key, own))
-        if len(heap) > 4 * len(self._resident) + 1024:
+        heapq.heappush(heap, (rec.rate * hits, self._seq, rec, own))
+        if len(heap) > 4 * len(self._res) + 1024:
             self._rebuild()
 
     def _rebuild(self) -> None:
-        self._heap = []
-        for key in self._resident:
-            if key not in self._res_children:
+        heap: list[_Entry] = []
+        for rec in self._res:
+            if not rec.kids:
                 self._seq += 1
-                v, w = self._score(key)
-                self._heap.append((v, self._seq, key, w))
-        heapq.heapify(self._heap)
+                v, w = self._score(rec)
+                heap.append((v, self._seq, rec, w))
+        heapq.heapify(heap)
+        self._heap = heap
 
     def _rescale(self) -> None:
         gs, gl = self._growth_s, self._growth_l
-        for h in self._hist.values():
+        for h in self._hist_list:
             h.wshort /= gs
             h.wlong /= gl
         self._growth_s = self._growth_l = self._growth = 1.0
         self._rebuild()
 
+    def _drop_if_unused(self, rec: _Rec) -> None:
+        if not rec.known and rec.info is None and not rec.kids and rec.alive:
+            rec.alive = False
+            if self._recs.get(rec.key) is rec:
+                del self._recs[rec.key]
+
+    def _compact_order(self) -> None:
+        order: list[_Rec | None] = []
+        for rec in self._order[self._ohead :]:
+            if rec is not None:
+                rec.opos = len(order)
+                order.append(rec)
+        self._order = order
+        self._ohead = 0
+
     def _forget_one(self) -> None:
-        for key in self._hist:
-            if key not in self._resident:
-                del self._hist[key]
-                i = self._hist_pos.pop(key)
+        """Forget the least recently accessed key that is not resident."""
+        order = self._order
+        i = self._ohead
+        n = len(order)
+        while i < n and order[i] is None:
+            i += 1
+        self._ohead = i
+        while i < n:
+            rec = order[i]
+            if rec is not None and rec.info is None:
+                order[i] = None
+                rec.opos = -1
+                rec.known = False
+                rec.wshort = rec.wlong = 0.0
+                rec.count = rec.children = 0
                 last = self._hist_list.pop()
-                if i < len(self._hist_list):
-                    self._hist_list[i] = last
-                    self._hist_pos[last] = i
+                if last is not rec:
+                    self._hist_list[rec.hpos] = last
+                    last.hpos = rec.hpos
+                rec.hpos = -1
+                self._drop_if_unused(rec)
                 return
+            i += 1

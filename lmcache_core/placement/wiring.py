@@ -29,9 +29,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from .base import ChunkInfo, PlacementPolicy
+from .base import ChunkInfo, PlacementPolicy, record_accesses, victim_in
 from .baselines import ARCPolicy, LRUPolicy, S3FIFOPolicy
 from .cost import PrefillCost
 from .cost_aware import CostAwarePolicy
@@ -230,6 +231,10 @@ class TierPlacement:
         self.chooses_victims = chooses_victims
         self._lock = threading.Lock()
         self._sizes: dict[Hashable, int] = {}
+        batched = getattr(policy, "record_accesses", None)
+        self._record: Callable[[Sequence[Hashable], Sequence[ChunkInfo], Sequence[bool]], None] = (
+            batched if batched is not None else partial(record_accesses, policy)
+        )
 
     @property
     def name(self) -> str:
@@ -237,16 +242,34 @@ class TierPlacement:
 
     def looked_up(self, keys: Sequence[Hashable], found: Sequence[bool | None]) -> None:
         """The tier answered ``found`` for ``keys``: one access each; a hit the policy did
-        not know is now resident, a miss it thought resident is gone."""
+        not know is now resident, a miss it thought resident is gone.
+
+        When every answer agrees with what the policy holds (the usual case) the accesses
+        go to the policy in one batched call (:func:`~.base.record_accesses`); otherwise
+        key by key, each access followed by its correction, in order."""
         pol = self.policy
         sizes = self._sizes
+        info_of = self.book.info
+        cb = self.chunk_bytes
         with self._lock:
-            for key, hit in zip(keys, found, strict=False):
-                nbytes = sizes.get(key, self.chunk_bytes)
-                info = self.book.info(key, nbytes)
-                pol.record_access(key, info, bool(hit))
+            n = min(len(keys), len(found))
+            infos: list[ChunkInfo] = []
+            agree = True
+            for i in range(n):
+                key = keys[i]
+                nbytes = sizes.get(key)
+                if (nbytes is None) == bool(found[i]):
+                    agree = False
+                infos.append(info_of(key, cb if nbytes is None else nbytes))
+            if agree:
+                hits = [bool(h) for h in found[:n]]
+                self._record(keys[:n] if n < len(keys) else keys, infos, hits)
+                return
+            for i in range(n):
+                key, info, hit = keys[i], infos[i], bool(found[i])
+                pol.record_access(key, info, hit)
                 if hit and key not in sizes:
-                    sizes[key] = nbytes
+                    sizes[key] = info.nbytes
                     pol.inserted(key, info)
                 elif not hit and key in sizes:
                     del sizes[key]
@@ -283,22 +306,17 @@ class TierPlacement:
 
     def selector(self) -> Callable[[Any, int], list[Hashable]]:
         """A ``VictimSelector``: the policy's next victim among the backend's candidates
-        (one per call; the backend falls back to its own order when it gets none)."""
+        (one per call, among the policy's first 64 candidates, found by
+        :func:`~.base.victim_in`: one pass when the policy has ``victim_in``; the backend
+        falls back to its own order when it gets none)."""
         pol = self.policy
         lock = self._lock
 
         def select(candidates: Any, nbytes: int) -> list[Hashable]:
             del nbytes
             allowed = candidates if isinstance(candidates, AbstractSet) else _Evictable(candidates)
-            seen: set[Hashable] = set()
             with lock:
-                for _ in range(64):
-                    key = pol.victim(seen)
-                    if key is None:
-                        return []
-                    if key in allowed:
-                        return [key]
-                    seen.add(key)
-            return []
+                key = victim_in(pol, allowed, 64)
+            return [] if key is None else [key]
 
         return select

@@ -276,7 +276,7 @@ def test_a_placement_policy_learns_each_prompts_chain_from_the_scheduler(
         (keys[j], j + 1) for j in range(3)
     ]
     pol = hier.tier(hier.tiers[0].name).placement.policy
-    assert [pol._hist[k].count for k in keys] == [2, 2, 2, 2]
+    assert [pol.access_count(k) for k in keys] == [2, 2, 2, 2]
     assert h.scheduler_side.stats()["hit_tokens"] == 4 * CHUNK  # p1 loaded A
 
 
