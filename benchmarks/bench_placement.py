@@ -10,7 +10,7 @@ median of each policy minus the no-op's median, which the issue bounds at 5 µs.
 
 With ``--hierarchy`` the same stream goes through the real lookup/store path instead: a
 started :class:`~lmcache_core.TieredHierarchy` with one ``cpu`` tier (25% of the working
-set, 256-byte chunks so that copies do not hide the decisions) configured with
+set, 64 KiB chunks by default: ``--chunk-bytes``) configured with
 ``placement: {policy: NAME}``, per request ``lookup_prefix`` of its keys, then
 ``batched_put`` of the missing ones. The baseline there is a **replay** of the policy's
 own decisions: an untimed run records every ``admit`` answer and ``victim`` choice the
@@ -31,13 +31,14 @@ import argparse
 import statistics
 import time
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Container, Hashable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
 from _util import aa_spread
 
 from lmcache_core.placement import ChunkInfo, PlacementPolicy, SimConfig, SimTier, make_policy
+from lmcache_core.placement.base import record_accesses, victim_in
 from lmcache_core.placement.simulator import chunk_chain, working_set_bytes
 from lmcache_core.placement.traces import rag_trace
 
@@ -89,7 +90,9 @@ def replay(
 
 
 class Recorder:
-    """Delegates to ``inner`` and records its ``admit`` answers and ``victim`` choices."""
+    """Delegates to ``inner`` and records its ``admit`` answers and ``victim`` choices
+    (the batched calls go to the inner policy's batched forms, or their per-chunk loops,
+    exactly as the hierarchy would call them)."""
 
     def __init__(self, inner: PlacementPolicy) -> None:
         self.inner = inner
@@ -116,10 +119,21 @@ class Recorder:
         self.victims.append(key)
         return key
 
+    def record_accesses(
+        self, keys: Sequence[Hashable], infos: Sequence[ChunkInfo], hits: Sequence[bool]
+    ) -> None:
+        record_accesses(self.inner, keys, infos, hits)
+
+    def victim_in(self, allowed: Container[Hashable], limit: int = 64) -> Hashable | None:
+        key = victim_in(self.inner, allowed, limit)
+        self.victims.append(key)
+        return key
+
 
 class ReplayPolicy:
     """The no-op baseline of ``--hierarchy``: learns nothing and hands back a recorded
-    policy's decisions in order (so the tier does exactly the same work)."""
+    policy's decisions in order (so the tier does exactly the same work). It has the
+    batched forms too (no-ops), so both sides take the same calls."""
 
     name = "replay"
 
@@ -140,6 +154,14 @@ class ReplayPolicy:
         pass
 
     def victim(self, exclude: AbstractSet[Hashable] = frozenset()) -> Hashable | None:
+        return next(self._victims, None)
+
+    def record_accesses(
+        self, keys: Sequence[Hashable], infos: Sequence[ChunkInfo], hits: Sequence[bool]
+    ) -> None:
+        pass
+
+    def victim_in(self, allowed: Container[Hashable], limit: int = 64) -> Hashable | None:
         return next(self._victims, None)
 
 

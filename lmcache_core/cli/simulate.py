@@ -111,6 +111,13 @@ def register(subparsers: Any) -> None:
         help="also replay a clairvoyant reference (Belady: evicts the chunk requested "
         "farthest in the future); shows the room left above the policies",
     )
+    p.add_argument(
+        "--bound",
+        action="store_true",
+        help="also compute an upper bound on the prefill compute any policy (online or "
+        "clairvoyant) saves (a Lagrangian bound on the trace's linear relaxation, "
+        "docs/placement.md); prints how far it lies above the best baseline",
+    )
     p.add_argument("--plot", metavar="PNG", help="write the plot to this PNG file")
     p.add_argument(
         "--write-trace",
@@ -132,7 +139,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         generate,
         read_trace,
     )
-    from ..placement.report import BASELINES, best_baseline_gain, plot_cells, run_grid
+    from ..placement.report import BASELINES, best_baseline_gain, bound_gain, plot_cells, run_grid
     from ..placement.traces import write_trace
 
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
@@ -166,7 +173,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     except (OSError, TraceError, ValueError) as exc:
         print(f"simulate: {exc}", file=sys.stderr)
         return 2
-    cells = run_grid(traces, args.capacities, policies, base, oracle=args.oracle)
+    cells = run_grid(traces, args.capacities, policies, base, oracle=args.oracle, bound=args.bound)
     price = args.price_per_hour
     rows = []
     for c in cells:
@@ -199,8 +206,24 @@ def run_simulate(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+    bounds = [
+        {
+            "trace": c.trace,
+            "capacity_fraction": c.fraction,
+            "bound_compute_s_saved": round(c.bound.seconds, 3),
+            "best_baseline_to_bound": round(g, 4) if (g := bound_gain(c)) is not None else None,
+            "cost_vs_best_baseline": (
+                round(x, 4) if (x := best_baseline_gain(c)) is not None else None
+            ),
+        }
+        for c in cells
+        if c.bound is not None
+    ]
     if wants_json(args):
-        print_json({"baselines": list(BASELINES), "rows": rows})
+        doc: dict[str, Any] = {"baselines": list(BASELINES), "rows": rows}
+        if args.bound:
+            doc["bounds"] = bounds
+        print_json(doc)
     else:
         header = list(rows[0]) if rows else []
         print(format_table([[r[h] for h in header] for r in rows], header))
@@ -212,6 +235,15 @@ def run_simulate(args: argparse.Namespace) -> int:
                     f"{'/'.join(b for b in BASELINES if b in c.results)}: {100 * gain:+.1f}% "
                     "prefill compute saved"
                 )
+        for c in cells:
+            if c.bound is None:
+                continue
+            room = bound_gain(c)
+            print(
+                f"{c.trace} @ {100 * c.fraction:g}%: upper bound {c.bound.seconds:.1f} "
+                "compute-s saved"
+                + (f", {100 * room:+.1f}% above the best baseline" if room is not None else "")
+            )
         if args.plot:
             print(f"plot: {args.plot}")
     return 0

@@ -224,23 +224,25 @@ class CostAwarePolicy:
         order = self._order
         step_s, step_l = self._step_s, self._step_l
         adapt, every = self._adapt, self._judge_every
+        # The growths and the judging tick live in locals; they are written back before
+        # anything that reads them (rescaling, judging) and at the end.
+        gs, gl = self._growth_s, self._growth_l
+        tick = self._tick
         for key, info in zip(keys, infos, strict=True):
-            gs = self._growth_s * step_s
-            gl = self._growth_l * step_l
-            self._growth_s = gs
-            self._growth_l = gl
+            gs *= step_s
+            gl *= step_l
             if gs > _RESCALE_AT:
+                self._growth_s, self._growth_l = gs, gl
                 self._rescale()
                 gs, gl = self._growth_s, self._growth_l
-            self._growth = gl if self.long_memory else gs
             rec = recs.get(key)
             if adapt:
-                tick = self._tick + 1
+                tick += 1
                 if tick >= every:
-                    self._tick = 0
+                    tick = 0
+                    self._growth_s, self._growth_l = gs, gl
+                    self._growth = gl if self.long_memory else gs
                     self._judge(rec if rec is not None and rec.known else None)
-                else:
-                    self._tick = tick
             if rec is None or not rec.known:
                 rec = self._learn(key, rec, info.parent)
                 order = self._order
@@ -254,6 +256,9 @@ class CostAwarePolicy:
             rec.wshort += gs
             rec.wlong += gl
             rec.count += 1
+        self._growth_s, self._growth_l = gs, gl
+        self._growth = gl if self.long_memory else gs
+        self._tick = tick
 
     def admit(self, key: Hashable, info: ChunkInfo) -> bool:
         recs = self._recs

@@ -5,11 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .simulator import SimConfig, SimResult, simulate, working_set_bytes
 from .traces import Request
 
-__all__ = ["BASELINES", "Cell", "best_baseline_gain", "plot_cells", "run_grid"]
+if TYPE_CHECKING:
+    from .bound import Bound
+
+__all__ = ["BASELINES", "Cell", "best_baseline_gain", "bound_gain", "plot_cells", "run_grid"]
 
 #: The policies the cost-aware one is compared with.
 BASELINES = ("lru", "arc", "s3fifo")
@@ -23,6 +27,8 @@ class Cell:
     fraction: float
     working_set_bytes: int
     results: dict[str, SimResult]
+    #: With ``--bound``: the upper bound on the prefill seconds any policy saves here.
+    bound: Bound | None = None
 
 
 def run_grid(
@@ -31,10 +37,14 @@ def run_grid(
     policies: Sequence[str],
     base: SimConfig,
     oracle: bool = False,
+    bound: bool = False,
 ) -> list[Cell]:
     """Simulate every policy on every trace at each capacity fraction of its working set
     (with ``oracle``, also :class:`~lmcache_core.placement.oracle.BeladyOracle`, which
-    reads the future: a reference, not a policy)."""
+    reads the future: a reference, not a policy; with ``bound``, also
+    :func:`~lmcache_core.placement.bound.prefill_bound`, the upper bound on what any
+    policy saves)."""
+    from .bound import prefill_bound
     from .oracle import BeladyOracle
 
     cells = []
@@ -47,7 +57,11 @@ def run_grid(
                 results["oracle"] = simulate(
                     trace, BeladyOracle(trace, cfg.kv_bytes_per_token), cfg
                 )
-            cells.append(Cell(name, frac, ws, results))
+            cell = Cell(name, frac, ws, results)
+            if bound:
+                best = max((r.compute_s_saved for r in results.values()), default=0.0)
+                cell.bound = prefill_bound(trace, cfg, target=best)
+            cells.append(cell)
     return cells
 
 
@@ -60,6 +74,15 @@ def best_baseline_gain(cell: Cell, policy: str = "cost") -> float | None:
     if not base or max(base) <= 0:
         return None
     return cell.results[policy].compute_s_saved / max(base) - 1.0
+
+
+def bound_gain(cell: Cell) -> float | None:
+    """How far the upper bound lies above the best baseline in the cell (0.10 = 10%):
+    no policy can beat that baseline by more. ``None`` without a bound or a baseline."""
+    base = [cell.results[b].compute_s_saved for b in BASELINES if b in cell.results]
+    if cell.bound is None or not base or max(base) <= 0:
+        return None
+    return cell.bound.seconds / max(base) - 1.0
 
 
 def plot_cells(cells: Sequence[Cell], path: str | Path, price_per_hour: float | None) -> None:
