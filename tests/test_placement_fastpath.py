@@ -230,3 +230,47 @@ def test_victim_in_matches_victim_with_exclusions_on_the_cost_policy() -> None:
     assert p.victim_in({order[2]}, 2) is None  # the limit counts refused candidates
     assert p.victim_in({order[2]}, 3) == order[2]
     assert p.victim_in(set(), 64) is None
+
+
+def test_tier_placement_batches_agreeing_lookups_and_corrects_the_others() -> None:
+    from lmcache_core.placement.wiring import ChainBook, TierPlacement
+
+    calls: list[tuple[object, ...]] = []
+
+    class Batched(LRUPolicy):
+        def record_accesses(
+            self, keys: Sequence[Hashable], infos: Sequence[ChunkInfo], hits: Sequence[bool]
+        ) -> None:
+            calls.append(("batch", tuple(keys), tuple(hits), tuple(i.position for i in infos)))
+            for k, i, h in zip(keys, infos, hits, strict=True):
+                self.record_access(k, i, h)
+
+        def inserted(self, key: Hashable, info: ChunkInfo) -> None:
+            calls.append(("inserted", key))
+            super().inserted(key, info)
+
+        def removed(self, key: Hashable) -> None:
+            calls.append(("removed", key))
+            super().removed(key)
+
+    book = ChainBook(chunk_tokens=16)
+    tp = TierPlacement(Batched(), book, 100, chooses_victims=True)
+    book.learn(["a", "b", "c"])
+    tp.looked_up(["a", "b", "c"], [False, False, False])  # agrees: nothing is resident
+    assert calls == [("batch", ("a", "b", "c"), (False, False, False), (0, 1, 2))]
+    calls.clear()
+    assert tp.admits("a", 100) and tp.admits("b", 100)
+    assert calls == [("inserted", "a"), ("inserted", "b")]
+    calls.clear()
+    # "b" is gone (another process, a failed store), "c" appeared: key by key, in order
+    tp.looked_up(["a", "b", "c"], [True, False, True])
+    assert calls == [("removed", "b"), ("inserted", "c")]
+    calls.clear()
+    tp.looked_up(["a", "b", "c"], [True, False, True])  # agrees again: one batch
+    assert calls == [("batch", ("a", "b", "c"), (True, False, True), (0, 1, 2))]
+    # victims: a policy without victim_in is asked again for each refused candidate
+    select = tp.selector()
+    assert select(["c"], 0) == ["c"]  # "a" (least recent) is not evictable
+    assert select([], 0) == []
+    tp.removed("a")
+    assert calls[-1] == ("removed", "a")

@@ -292,7 +292,8 @@ class CostAwarePolicy:
         elif rec.info is not None:
             return
         rec.info = info
-        rec.rate = self._net_rate(info)
+        rate = self._rates_by_shape.get((info.start_token, info.tokens, info.nbytes))
+        rec.rate = rate if rate is not None else self._net_rate(info)
         self._res[rec] = None
         self._used += info.nbytes
         parent = info.parent
@@ -322,9 +323,10 @@ class CostAwarePolicy:
             if n <= 0:
                 if prec.info is not None:
                     self._push(prec)  # a leaf again: evictable
-                else:
+                elif not prec.known:
                     self._drop_if_unused(prec)
-        self._drop_if_unused(rec)
+        if not rec.known:
+            self._drop_if_unused(rec)
 
     def victim(self, exclude: AbstractSet[Hashable] = frozenset()) -> Hashable | None:
         rec = self._scan(exclude if exclude else None, None, None, 0)

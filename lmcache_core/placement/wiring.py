@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Hashable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import partial
@@ -311,12 +311,15 @@ class TierPlacement:
         falls back to its own order when it gets none)."""
         pol = self.policy
         lock = self._lock
+        find: Callable[[Container[Hashable], int], Hashable | None] = getattr(
+            pol, "victim_in", None
+        ) or partial(victim_in, pol)
 
         def select(candidates: Any, nbytes: int) -> list[Hashable]:
             del nbytes
             allowed = candidates if isinstance(candidates, AbstractSet) else _Evictable(candidates)
             with lock:
-                key = victim_in(pol, allowed, 64)
+                key = find(allowed, 64)
             return [] if key is None else [key]
 
         return select
