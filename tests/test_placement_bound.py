@@ -99,3 +99,23 @@ def test_bound_is_valid_whatever_the_prices() -> None:
     best = max(simulate(trace, p, cfg).compute_s_saved for p in ("lru", "arc", "s3fifo", "cost"))
     assert b0.seconds >= b.seconds >= best
     assert b0.iterations == 0 and b.iterations > 0
+
+
+def test_static_oracle_keeps_the_most_valuable_prefixes_and_never_evicts() -> None:
+    from lmcache_core.placement.oracle import StaticOracle
+
+    # [1, 2] three times and [3] twice, two chunks of room: the second chunk of [1, 2]
+    # is worth most per byte (requested again twice, later in its prompt); it comes with
+    # its parent, and [3] no longer fits
+    trace = [req(0, 1, 2), req(1, 3), req(2, 1, 2), req(3, 3), req(4, 1, 2)]
+    cfg = SimConfig(2 * CHUNK)
+    oracle = StaticOracle(trace, cfg)
+    assert len(oracle.keep) == 2
+    r = simulate(trace, oracle, cfg)
+    assert r.tokens_saved == 4 * 256  # both chunks hit in requests 2 and 4
+    assert oracle.victim() is None
+    # on a stationary trace it stays below the bound
+    trace = generate("rag-a0.8", 1)[:800]
+    cfg = SimConfig(working_set_bytes(trace, KVB) // 10, KVB)
+    static = simulate(trace, StaticOracle(trace, cfg), cfg).compute_s_saved
+    assert 0 < static <= prefill_bound(trace, cfg, target=static).seconds

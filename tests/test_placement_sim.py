@@ -198,6 +198,8 @@ def test_cli_simulate_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixtur
         ("cost", 0.5),
         ("oracle", 0.1),
         ("oracle", 0.5),
+        ("static", 0.1),
+        ("static", 0.5),
     }
     saved = {(r["policy"], r["capacity_fraction"]): r["compute_s_saved"] for r in rows}
     assert saved[("oracle", 0.1)] >= saved[("lru", 0.1)]  # it reads the future

@@ -108,8 +108,9 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--oracle",
         action="store_true",
-        help="also replay a clairvoyant reference (Belady: evicts the chunk requested "
-        "farthest in the future); shows the room left above the policies",
+        help="also replay two clairvoyant references: Belady (evicts the chunk requested "
+        "farthest in the future) and the best fixed content chosen with hindsight "
+        "(static); they show the room left above the policies",
     )
     p.add_argument(
         "--bound",

@@ -5,7 +5,8 @@ could gain on a trace (it reads the future, so it is not a policy a tier can run
 admits a chunk only if it will be requested again and its parent is resident, and evicts
 the resident chunk whose next request is farthest away. With variable chunk costs this is
 not exactly optimal, but close: ``lmcache-core simulate --oracle`` prints it beside the
-policies as an upper reference (docs/placement.md, "How far from the best").
+policies as an upper reference (docs/placement.md, "How far from the best"), with
+:class:`StaticOracle`, the best fixed content chosen with hindsight.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from collections.abc import Hashable, Sequence
 from collections.abc import Set as AbstractSet
 
 from .base import ChunkInfo
-from .simulator import chunk_chain
+from .simulator import SimConfig, chunk_chain
 from .traces import Request
 
-__all__ = ["BeladyOracle"]
+__all__ = ["BeladyOracle", "StaticOracle"]
 
 _NEVER = float("inf")
 
@@ -88,3 +89,65 @@ class BeladyOracle:
     def _push(self, key: Hashable) -> None:
         self._n += 1
         heapq.heappush(self._heap, (-self._next_use[key], self._n, key))
+
+
+class StaticOracle:
+    """The best *fixed* content chosen with hindsight: a reference for stationary traces.
+
+    Under independent requests from a fixed popularity (the RAG, system-prompt and mix
+    families are drawn that way) the best an online policy can expect is a fixed content:
+    the chunks with the highest probability x saving per byte (Aho, Denning and Ullman's
+    A0 for unit sizes). This oracle knows more than the probabilities: the trace's own
+    counts. It picks chunks by ``(requests - 1) x prefill seconds / bytes`` (each with the
+    missing part of its prefix, whose chunks are requested at least as often), greedily
+    until the tier is full, admits only those and never evicts. Not a bound (greedy
+    packing, and a policy can gain from the timing of a finite trace), but on stationary
+    traces it estimates what knowing the popularity in advance is worth.
+    """
+
+    name = "static"
+
+    def __init__(self, trace: Sequence[Request], cfg: SimConfig) -> None:
+        kv_bytes_per_token, capacity = cfg.kv_bytes_per_token, cfg.capacity_bytes
+        count: dict[Hashable, int] = {}
+        worth: dict[Hashable, float] = {}
+        size: dict[Hashable, int] = {}
+        parent: dict[Hashable, Hashable | None] = {}
+        for r in trace:
+            for key, info in chunk_chain(r, kv_bytes_per_token):
+                count[key] = count.get(key, 0) + 1
+                worth[key] = cfg.cost.chunk_seconds(info.start_token, info.tokens)
+                size[key] = info.nbytes
+                parent[key] = info.parent
+        order = sorted(
+            (k for k, n in count.items() if n > 1),
+            key=lambda k: -(count[k] - 1) * worth[k] / max(size[k], 1),
+        )
+        keep: set[Hashable] = set()
+        used = 0
+        for key in order:
+            bundle: list[Hashable] = []
+            k: Hashable | None = key
+            while k is not None and k not in keep:
+                bundle.append(k)
+                k = parent[k]
+            nbytes = sum(size[x] for x in bundle)
+            if used + nbytes <= capacity:
+                keep.update(bundle)
+                used += nbytes
+        self.keep = frozenset(keep)
+
+    def record_access(self, key: Hashable, info: ChunkInfo, hit: bool) -> None:
+        pass
+
+    def admit(self, key: Hashable, info: ChunkInfo) -> bool:
+        return key in self.keep
+
+    def inserted(self, key: Hashable, info: ChunkInfo) -> None:
+        pass
+
+    def removed(self, key: Hashable) -> None:
+        pass
+
+    def victim(self, exclude: AbstractSet[Hashable] = frozenset()) -> Hashable | None:
+        return None  # the kept chunks fit: nothing is ever evicted

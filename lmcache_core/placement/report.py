@@ -41,11 +41,12 @@ def run_grid(
 ) -> list[Cell]:
     """Simulate every policy on every trace at each capacity fraction of its working set
     (with ``oracle``, also :class:`~lmcache_core.placement.oracle.BeladyOracle`, which
-    reads the future: a reference, not a policy; with ``bound``, also
+    reads the future, and :class:`~lmcache_core.placement.oracle.StaticOracle`, the best
+    fixed content with hindsight: references, not policies; with ``bound``, also
     :func:`~lmcache_core.placement.bound.prefill_bound`, the upper bound on what any
     policy saves)."""
     from .bound import prefill_bound
-    from .oracle import BeladyOracle
+    from .oracle import BeladyOracle, StaticOracle
 
     cells = []
     for name, trace in traces.items():
@@ -57,6 +58,7 @@ def run_grid(
                 results["oracle"] = simulate(
                     trace, BeladyOracle(trace, cfg.kv_bytes_per_token), cfg
                 )
+                results["static"] = simulate(trace, StaticOracle(trace, cfg), cfg)
             cell = Cell(name, frac, ws, results)
             if bound:
                 best = max((r.compute_s_saved for r in results.values()), default=0.0)
