@@ -75,6 +75,7 @@ class _Rec:
         "opos",
         "prec",
         "rate",
+        "stamp",
         "wlong",
         "wshort",
     )
@@ -87,7 +88,8 @@ class _Rec:
         self.children = 0  # distinct children seen after this key
         self.known = False  # in the history
         self.hpos = -1  # index in the sampling list (known keys)
-        self.opos = -1  # index of its latest entry in the access order (known keys)
+        self.opos = -1  # index of its latest entry in the access order (once kept)
+        self.stamp = 0  # the access clock at its latest access
         self.info: ChunkInfo | None = None  # set while resident
         self.rate = 0.0  # net prefill seconds saved per byte (resident)
         self.kids = 0  # resident chunks whose parent this key is
@@ -159,8 +161,12 @@ class CostAwarePolicy:
         self._rng = random.Random(0)
         self._recs: dict[Hashable, _Rec] = {}
         self._hist_list: list[_Rec] = []  # the known records (sampled by _judge)
-        # The known records in access order, lazily: a record's latest entry is at its
-        # opos; older entries are skipped (and compacted away).
+        # Which known key was accessed least recently (forgetting) comes from each
+        # record's access stamp. The order is only kept as a list once the history is
+        # full (first forgetting: sorted by stamp), lazily: a record's latest entry is at
+        # its opos; older entries are skipped (and compacted away).
+        self._clock = 0
+        self._ordered = False
         self._order: list[_Rec | None] = []
         self._ohead = 0
         self._history_cap = history
@@ -201,15 +207,12 @@ class CostAwarePolicy:
                 self._judge(rec if rec is not None and rec.known else None)
             else:
                 self._tick = tick
+        self._clock += 1
         if rec is None or not rec.known:
             rec = self._learn(key, rec, info.parent)
-        else:
-            order = self._order
-            order[rec.opos] = None
-            rec.opos = len(order)
-            order.append(rec)
-            if len(order) > 2 * len(self._hist_list) + 4096:
-                self._compact_order()
+        elif self._ordered:
+            self._reorder(rec)
+        rec.stamp = self._clock
         rec.wshort += gs
         rec.wlong += gl
         rec.count += 1
@@ -221,17 +224,19 @@ class CostAwarePolicy:
         the same decisions as the per-chunk calls)."""
         del hits  # the policy learns from accesses, not from their outcome
         recs = self._recs
-        order = self._order
         step_s, step_l = self._step_s, self._step_l
+        rescale_at = _RESCALE_AT
         adapt, every = self._adapt, self._judge_every
         # The growths and the judging tick live in locals; they are written back before
         # anything that reads them (rescaling, judging) and at the end.
         gs, gl = self._growth_s, self._growth_l
         tick = self._tick
+        clock = self._clock
         for key, info in zip(keys, infos, strict=True):
             gs *= step_s
             gl *= step_l
-            if gs > _RESCALE_AT:
+            clock += 1
+            if gs > rescale_at:
                 self._growth_s, self._growth_l = gs, gl
                 self._rescale()
                 gs, gl = self._growth_s, self._growth_l
@@ -244,21 +249,18 @@ class CostAwarePolicy:
                     self._growth = gl if self.long_memory else gs
                     self._judge(rec if rec is not None and rec.known else None)
             if rec is None or not rec.known:
+                self._clock = clock
                 rec = self._learn(key, rec, info.parent)
-                order = self._order
-            else:
-                order[rec.opos] = None
-                rec.opos = len(order)
-                order.append(rec)
-                if len(order) > 2 * len(self._hist_list) + 4096:
-                    self._compact_order()
-                    order = self._order
+            elif self._ordered:
+                self._reorder(rec)
+            rec.stamp = clock
             rec.wshort += gs
             rec.wlong += gl
             rec.count += 1
         self._growth_s, self._growth_l = gs, gl
         self._growth = gl if self.long_memory else gs
         self._tick = tick
+        self._clock = clock
 
     def admit(self, key: Hashable, info: ChunkInfo) -> bool:
         recs = self._recs
@@ -272,16 +274,13 @@ class CostAwarePolicy:
         victim = self._scan(None, skip, None, 0)
         if victim is None:
             return False
-        vinfo = victim.info
-        assert vinfo is not None
         lm = self.long_memory
         growth = self._growth
-        displaced = victim.rate * (self._hits(victim if victim.known else None, vinfo, lm) / growth)
+        # (a resident record's prec is its parent's record; the newcomer's is ``skip``)
+        displaced = victim.rate * (self._hits_of(victim, victim.prec, lm) / growth)
         rec = recs.get(key)
         rate = rec.rate if rec is not None and rec.info is not None else self._net_rate(info)
-        mine = rate * (
-            self._hits(rec if rec is not None and rec.known else None, info, lm) / growth
-        )
+        mine = rate * (self._hits_of(rec, skip, lm) / growth)
         return mine > displaced
 
     def inserted(self, key: Hashable, info: ChunkInfo) -> None:
@@ -362,8 +361,10 @@ class CostAwarePolicy:
         rec.known = True
         rec.hpos = len(self._hist_list)
         self._hist_list.append(rec)
-        rec.opos = len(self._order)
-        self._order.append(rec)
+        rec.stamp = self._clock
+        if self._ordered:
+            rec.opos = len(self._order)
+            self._order.append(rec)
         if parent is not None:
             prec = recs.get(parent)
             if prec is not None and prec.known:
@@ -462,6 +463,16 @@ class CostAwarePolicy:
                 hits = max(hits, (ph.wlong if long_memory else ph.wshort) / ph.children)
         return hits
 
+    def _hits_of(self, h: _Rec | None, ph: _Rec | None, long_memory: bool) -> float:
+        """:meth:`_hits` with the parent's record at hand (``None``: no parent, or one
+        with no record)."""
+        hits = 0.0
+        if h is not None and h.known and h.count >= self.min_reuse:
+            hits = h.wlong if long_memory else h.wshort
+        if ph is not None and ph.known and ph.children > 0:
+            hits = max(hits, (ph.wlong if long_memory else ph.wshort) / ph.children)
+        return hits
+
     def _judge(self, h: _Rec | None) -> None:
         """Which memory predicts requests better? The key requested now (its history
         before this access) is ranked against 8 keys sampled from all remembered ones
@@ -533,6 +544,15 @@ class CostAwarePolicy:
             if self._recs.get(rec.key) is rec:
                 del self._recs[rec.key]
 
+    def _reorder(self, rec: _Rec) -> None:
+        """``rec`` was accessed: its entry moves to the end of the kept order."""
+        order = self._order
+        order[rec.opos] = None
+        rec.opos = len(order)
+        order.append(rec)
+        if len(order) > 2 * len(self._hist_list) + 4096:
+            self._compact_order()
+
     def _compact_order(self) -> None:
         order: list[_Rec | None] = []
         for rec in self._order[self._ohead :]:
@@ -544,6 +564,12 @@ class CostAwarePolicy:
 
     def _forget_one(self) -> None:
         """Forget the least recently accessed key that is not resident."""
+        if not self._ordered:  # the first time: the order from the access stamps
+            self._ordered = True
+            self._order = sorted(self._hist_list, key=lambda r: r.stamp)
+            self._ohead = 0
+            for i, r in enumerate(self._order):
+                r.opos = i
         order = self._order
         i = self._ohead
         n = len(order)
