@@ -566,10 +566,11 @@ class CostAwarePolicy:
         """Forget the least recently accessed key that is not resident."""
         if not self._ordered:  # the first time: the order from the access stamps
             self._ordered = True
-            self._order = sorted(self._hist_list, key=lambda r: r.stamp)
-            self._ohead = 0
-            for i, r in enumerate(self._order):
+            ranked = sorted(self._hist_list, key=lambda r: r.stamp)
+            for i, r in enumerate(ranked):
                 r.opos = i
+            self._order = list(ranked)
+            self._ohead = 0
         order = self._order
         i = self._ohead
         n = len(order)
