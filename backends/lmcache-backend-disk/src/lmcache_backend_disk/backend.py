@@ -39,6 +39,7 @@ from lmcache_core.keys import CacheEngineKey, Namespace
 
 from . import layout
 from .aligned import BufferPool, probe_direct_io
+from .flusher import Flusher
 from .index import IndexUnavailable
 from .maint import DiskMaintenance
 from .objects import ObjectIO, ReadOutcome, ReadResult
@@ -100,6 +101,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         self._owner_lock: OwnerLock | None = None
         self._tier: TierDir | None = None
         self._buffers = BufferPool(opts.staging_bytes, STAGING_IDLE_S)
+        self._flusher = Flusher(f"lmcache-{self.name}")
         self._touches: dict[str, float] = {}
         self._touch_lock = threading.Lock()
         self._last_flush = 0.0
@@ -313,6 +315,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         self._stop_healing()
         if self._exec is not None:
             self._exec.shutdown(wait=True)
+        self._flusher.close()
         if self._index is not None:
             self._index.close()
         if self._owner_lock is not None:
