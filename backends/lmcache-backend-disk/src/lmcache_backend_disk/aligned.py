@@ -75,17 +75,21 @@ def aligned_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> to
 
 
 def _huge_map(nbytes: int) -> tuple[mmap.mmap, int]:
-    """A private anonymous mapping with room for ``nbytes`` from a 2 MiB boundary, huge
-    pages asked for; the mapping and the offset of that boundary in it."""
+    """A private anonymous mapping with room for ``nbytes`` from a 2 MiB boundary; the
+    mapping and the offset of that boundary in it. Huge pages are asked for only where
+    they lie wholly inside those ``nbytes`` (a partial last 2 MiB keeps 4 KiB pages), so
+    the memory used never exceeds ``nbytes`` rounded up to 4 KiB; the slack around them
+    is never touched, so never backed."""
     m = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if _MADV_HUGEPAGE is not None:
-        try:
-            m.madvise(_MADV_HUGEPAGE)
-        except OSError:  # THP compiled out or disabled: ordinary pages
-            pass
     probe = torch.frombuffer(m, dtype=torch.uint8, count=1)
     offset = (-probe.data_ptr()) % HUGE
     del probe
+    whole = nbytes - nbytes % HUGE
+    if _MADV_HUGEPAGE is not None and whole:
+        try:
+            m.madvise(_MADV_HUGEPAGE, offset, whole)
+        except OSError:  # THP compiled out or disabled: ordinary pages
+            pass
     return m, offset
 
 
