@@ -123,3 +123,29 @@ def test_flusher_runs_calls_together_reports_errors_and_runs_inline_once_closed(
     threads: list[int] = []
     assert f.run_all(lambda _: threads.append(threading.get_ident()), range(3)) == [None] * 3
     assert threads == [threading.get_ident()] * 3
+
+
+@pytest.mark.parametrize("nbytes", [2 << 20, (4 << 20) + 4096, 3 * 4096])
+def test_aligned_memory_is_aligned_and_lives_as_long_as_any_view(nbytes: int) -> None:
+    """``aligned_empty`` and staging buffers from 2 MiB up start on a 2 MiB boundary (huge
+    pages asked for there); smaller ones on 4 KiB. A view keeps the memory alive."""
+    from lmcache_backend_disk import aligned_empty
+    from lmcache_backend_disk.aligned import HUGE, AlignedBuffer
+
+    boundary = HUGE if nbytes >= HUGE else 4096
+    t = aligned_empty((nbytes // 2,), torch.bfloat16)
+    assert t.data_ptr() % boundary == 0 and t.is_contiguous() and t.shape == (nbytes // 2,)
+    t.view(torch.uint8).copy_(random_tensor((nbytes,), torch.uint8, seed=1))
+    tail = t[-7:]
+    want = tail.clone()
+    del t
+    torch.empty(nbytes, dtype=torch.uint8).fill_(0xEE)  # reuse of freed memory would show
+    assert same_bits(tail, want)
+    buf = AlignedBuffer(nbytes)
+    try:
+        assert buf.tensor.data_ptr() % boundary == 0 and len(buf.view) == buf.tensor.numel()
+        buf.view[-1:] = b"\x07"
+        assert int(buf.tensor[-1]) == 7
+    finally:
+        del tail
+        buf.close()
