@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import torch
 
 from lmcache_core.backend import BaseBackend, Capabilities
+from lmcache_core.blob import lower_thread_priority
 from lmcache_core.config.options import build_options
 from lmcache_core.errors import ConfigError, LMCacheError
 from lmcache_core.keys import CacheEngineKey, Namespace
@@ -210,7 +211,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         self._exec = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.opts.concurrency,
             thread_name_prefix=f"lmcache-{self.name}",
-            initializer=_lower_thread_priority,
+            initializer=lower_thread_priority,
             initargs=(self.opts.io_nice,),
         )
         try:
@@ -598,15 +599,3 @@ def _start_error(root: str, exc: BaseException) -> str:
     at = f" ({where})" if where else ""
     hint = _HINTS.get(code or 0, "see the message above")
     return f"disk tier {root} cannot start: {what}{at}; {hint}"
-
-
-def _lower_thread_priority(increment: int) -> None:
-    """Make the calling (I/O) thread nicer by ``increment`` (Linux: per thread)."""
-    if increment <= 0:
-        return
-    try:
-        tid = threading.get_native_id()
-        current = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, current + increment))
-    except (OSError, AttributeError):
-        pass
