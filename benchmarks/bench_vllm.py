@@ -494,12 +494,17 @@ def _run_child(
     return json.loads(out_path.read_text())
 
 
-def _ktc(storage: dict[str, Any], stats: Path, **options: Any) -> dict[str, Any]:
+def _ktc(storage: dict[str, Any], stats: Path | None, **options: Any) -> dict[str, Any]:
+    """The connector's configuration; ``stats``: its ``stats_dir`` (off by default in the
+    connector: a file written every step costs the engine thread ~1 ms)."""
+    extra: dict[str, Any] = {"config": storage, **options}
+    if stats is not None:
+        extra["stats_dir"] = str(stats)
     return {
         "kv_connector": "LMCacheCoreConnector",
         "kv_role": "kv_both",
         "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"config": storage, "stats_dir": str(stats), **options},
+        "kv_connector_extra_config": extra,
     }
 
 
@@ -759,7 +764,12 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         return
     spec = {
         **base,
-        "ktc": _ktc(_miss_storage(args, tmp, "kv-miss"), tmp / "stats-miss"),
+        # (the toggle reads the worker's counters in-process: no statistics file, as
+        # the connector runs by default, unless --miss-stats-file)
+        "ktc": _ktc(
+            _miss_storage(args, tmp, "kv-miss"),
+            tmp / "stats-miss" if args.miss_stats_file else None,
+        ),
         "tokens": args.miss_tokens,
         "batch_tokens": args.batch_tokens,
         "reps": args.miss_reps,
@@ -772,7 +782,8 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
     print(
         f"miss ({args.miss_tiers} tiers), one in-process engine, the connector's work switched "
         f"on / off / off again (A/A) in random order per round ({res['rounds']} rounds; copy "
-        f"threads at nice {res.get('copy_nice')}): "
+        f"threads at nice {res.get('copy_nice')}; statistics files "
+        f"{'on' if args.miss_stats_file else 'off'}): "
         f"TTFT of one unique {args.miss_tokens}-token prompt ({args.miss_ttft_per_round} "
         "sub-rounds per round), wall time of 20 unique "
         f"{args.batch_tokens}-token prompts (8 output tokens each). Saves included: each "
@@ -988,6 +999,12 @@ def main() -> int:
         action="store_true",
         help="miss (toggle): also the arm 'on0', the connector on with its copy threads at "
         "vLLM's priority (when copy_nice lowers them)",
+    )
+    ap.add_argument(
+        "--miss-stats-file",
+        action="store_true",
+        help="miss (toggle): also write the connector's statistics files (stats_dir), as "
+        "runs before 2026-12-01 15:45 did; off by default, as in the connector",
     )
     ap.add_argument("--json", metavar="FILE", help="miss: write every sample to FILE")
     ap.add_argument("--miss-reps", type=int, default=30, help="miss: most rounds")
