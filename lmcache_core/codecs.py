@@ -54,6 +54,7 @@ __all__ = [
     "envelope_codec",
     "read_envelope",
     "read_frame",
+    "read_stream_into",
     "unwrap_envelope_into",
     "wrap_envelope",
     "write_frame",
@@ -173,6 +174,24 @@ def byte_view(tensor: torch.Tensor) -> np.ndarray[Any, np.dtype[np.uint8]]:
     if flat.numel() == 0:
         return np.empty(0, dtype=np.uint8)
     return flat.view(torch.uint8).numpy()
+
+
+def read_stream_into(reader: Any, target: memoryview, what: str) -> None:
+    """Fill ``target`` from a decompressing ``reader`` (an object with ``readinto`` and
+    ``read``, e.g. ``zstandard``'s ``stream_reader``) with no output-sized allocation.
+
+    The stream must hold exactly ``len(target)`` bytes: fewer, or one byte more, raise
+    :class:`CodecError` naming ``what``. Errors the reader itself raises propagate, so a
+    caller can translate its library's own exception type."""
+    got = 0
+    size = len(target)
+    while got < size:
+        n = reader.readinto(target[got:])
+        if not n:
+            break
+        got += n
+    if got != size or reader.read(1):
+        raise CodecError(f"{what} holds other than {size} bytes")
 
 
 # ---------------------------------------------------------------------------- framing

@@ -401,18 +401,8 @@ class CPUBackend(BaseBackend):
         nbytes = value.numel() * value.element_size()
         if self._pool.cost(nbytes) > self.max_bytes:
             return False
-        if (
-            donate
-            and value.is_contiguous()
-            and (value.is_pinned() or not self._pin)
-            and _owns_storage(value, nbytes)
-        ):
-            mem = self._pool.wrap(_flat_bytes(value))
-            with self._lock:
-                if not self._make_room_locked(mem.cost):
-                    return False
-                self._install(key, _Entry(mem, value.dtype, value.shape))
-            return True
+        if self._donatable(value, nbytes, donate):
+            return self._install_donated(key, value)
         src = value.contiguous()
         old = self._entries.get(key)
         if (
@@ -430,29 +420,64 @@ class CPUBackend(BaseBackend):
                     old.dtype, old.shape = value.dtype, value.shape
                     self._entries.move_to_end(key)
                     return True
-        with self._lock:
-            fresh = self._alloc_locked(nbytes)
-            if fresh is None:
-                return False
-            buf = fresh
-            self._reserved += buf.cost
+        buf = self._reserve(nbytes)
+        if buf is None:
+            return False
         try:
             if nbytes:
                 await self._copy(buf.data, src)
         except asyncio.CancelledError:
             # A worker thread may still be writing into buf: never recycle it.
-            with self._lock:
-                self._reserved -= buf.cost
+            self._end_reservation(buf, recycle=False)
             raise
         except BaseException:
-            with self._lock:
-                self._reserved -= buf.cost
-                self._recycle(buf)
+            self._end_reservation(buf, recycle=True)
             raise
+        self._end_reservation(buf, install=(key, value))
+        return True
+
+    # The steps of a put that the event-loop path and the thread-safe path share.
+    def _donatable(self, value: torch.Tensor, nbytes: int, donate: bool) -> bool:
+        """Whether a donated ``value`` can be kept as it is instead of copied."""
+        return (
+            donate
+            and value.is_contiguous()
+            and (value.is_pinned() or not self._pin)
+            and _owns_storage(value, nbytes)
+        )
+
+    def _install_donated(self, key: CacheEngineKey, value: torch.Tensor) -> bool:
+        mem = self._pool.wrap(_flat_bytes(value))
+        with self._lock:
+            if not self._make_room_locked(mem.cost):
+                return False
+            self._install(key, _Entry(mem, value.dtype, value.shape))
+        return True
+
+    def _reserve(self, nbytes: int) -> Buffer | None:
+        """A buffer for a copy in progress, counted as reserved until released."""
+        with self._lock:
+            buf = self._alloc_locked(nbytes)
+            if buf is not None:
+                self._reserved += buf.cost
+        return buf
+
+    def _end_reservation(
+        self,
+        buf: Buffer,
+        *,
+        recycle: bool = False,
+        install: tuple[CacheEngineKey, torch.Tensor] | None = None,
+    ) -> None:
+        """End a reservation: install the copied value under its key, or recycle the
+        buffer, or (a copy that may still be running) just drop the reservation."""
         with self._lock:
             self._reserved -= buf.cost
-            self._install(key, _Entry(buf, value.dtype, value.shape))
-        return True
+            if install is not None:
+                key, value = install
+                self._install(key, _Entry(buf, value.dtype, value.shape))
+            elif recycle:
+                self._recycle(buf)
 
     def _make_room_locked(self, cost: int) -> bool:
         while self._used + self._pool.bytes + self._reserved + cost > self.max_bytes:
@@ -683,29 +708,18 @@ class CPUBackend(BaseBackend):
         nbytes = value.nbytes
         if self._pool.cost(nbytes) > self.max_bytes:
             return False
-        if donate and (value.is_pinned() or not self._pin) and _owns_storage(value, nbytes):
-            mem = self._pool.wrap(_flat_bytes(value))
-            with self._lock:
-                if not self._make_room_locked(mem.cost):
-                    return False
-                self._install(key, _Entry(mem, value.dtype, value.shape))
-            return True
-        with self._lock:
-            buf = self._alloc_locked(nbytes)
-            if buf is None:
-                return False
-            self._reserved += buf.cost
+        if self._donatable(value, nbytes, donate):
+            return self._install_donated(key, value)
+        buf = self._reserve(nbytes)
+        if buf is None:
+            return False
         try:
             if nbytes:
                 copy_into(buf.data, value)
         except BaseException:
-            with self._lock:
-                self._reserved -= buf.cost
-                self._recycle(buf)
+            self._end_reservation(buf, recycle=True)
             raise
-        with self._lock:
-            self._reserved -= buf.cost
-            self._install(key, _Entry(buf, value.dtype, value.shape))
+        self._end_reservation(buf, install=(key, value))
         return True
 
     # ------------------------------------------------------------------ introspection

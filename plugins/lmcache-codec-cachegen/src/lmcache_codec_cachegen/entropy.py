@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from lmcache_core.codecs import CodecError
+from lmcache_core.codecs import CodecError, read_stream_into
 
 __all__ = ["ENTROPY_CODERS", "decode_symbols", "encode_symbols"]
 
@@ -73,18 +73,9 @@ def _zstd_into(dctx: Any, frame: memoryview, target: memoryview) -> None:
     import zstandard
 
     try:
-        reader = dctx.stream_reader(frame)
-        got = 0
-        while got < len(target):
-            n = reader.readinto(target[got:])
-            if not n:
-                break
-            got += n
-        extra = reader.read(1)
+        read_stream_into(dctx.stream_reader(frame), target, "a zstd symbol context")
     except zstandard.ZstdError as exc:
         raise CodecError(f"zstd could not decode the symbols: {exc}") from exc
-    if got != len(target) or extra:
-        raise CodecError(f"a symbol context holds other than {len(target)} symbols")
 
 
 def decode_symbols(

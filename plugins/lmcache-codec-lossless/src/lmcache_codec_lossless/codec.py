@@ -28,6 +28,7 @@ from lmcache_core.codecs import (
     Scratch,
     byte_view,
     read_frame,
+    read_stream_into,
     write_frame,
 )
 
@@ -191,15 +192,7 @@ class LosslessCodec:
         target = self._scratch.numpy("shuffle", dst.size) if unshuffle else dst
         if self.compressor == "zstd":
             reader = self._zstd.ZstdDecompressor().stream_reader(body)
-            view = memoryview(target)
-            got = 0
-            while got < len(view):
-                n = reader.readinto(view[got:])
-                if not n:
-                    break
-                got += n
-            if got != len(view) or reader.read(1):
-                raise CodecError(f"zstd stream holds other than {len(view)} bytes")
+            read_stream_into(reader, memoryview(target), "zstd stream")
         else:
             import lz4.block
 
