@@ -6,8 +6,10 @@ Scenarios (``--scenario``, default all), on the demo's model (8-layer float32 Ll
 * ``hit``: time to first token of a prompt whose KV is in the connector's CPU tier,
   against vLLM's own prefix-cache hit on the same prompt: per pair, a vLLM hit, a second
   vLLM hit (the A/A twin) and a connector hit (after ``reset_prefix_cache()``) in random
-  order; the median of the per-pair ratios with a 95% bootstrap interval, beside the
-  same for vLLM's hit against itself. Target: <= 1.2x.
+  order; the median of the per-pair ratios with a 95% bootstrap interval (the connector
+  hit against the pair's vLLM hit, and against the geometric mean of both of the pair's
+  vLLM hits), beside the same for vLLM's hit against itself. Target: <= 1.2x.
+  ``--hit-in-process`` also times the connector's hooks on the engine thread, per hook.
 * ``disk``: one request loading N chunks from a disk-only tier on an idle in-process
   engine, page cache dropped for the tier's files (``posix_fadvise``): bytes / (first
   read issued -> ``get_finished`` reported), from the worker's statistics; against the
