@@ -396,6 +396,14 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
     switch.wrap(timer.timed)  # both arms' scheduler hooks timed the same way
     _ttft(llm, list(range(4, 300)))
     _wait_saves()
+    # Unrecorded batches with the connector on first (--miss-warm-batches): they fill the
+    # cpu tier, so the rounds measure it recycling evicted buffers, as a server does
+    # after its warm-up, not filling fresh memory.
+    warm_sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    for w in range(spec.get("warm_batches", 0)):
+        warm = _prompts(spec, 20, spec["batch_tokens"], 10**6 + w)
+        llm.generate([TokensPrompt(prompt_token_ids=p) for p in warm], warm_sp, use_tqdm=False)
+        _wait_saves()
     copy_tids = _copy_threads(worker)
     nices = {t: os.getpriority(os.PRIO_PROCESS, t) for t in copy_tids}
     base_nice = os.getpriority(os.PRIO_PROCESS, 0)
@@ -779,12 +787,14 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         "budget_s": args.miss_budget_s,
         "ttft_per_round": args.miss_ttft_per_round,
         "on0": args.miss_on0,
+        "warm_batches": args.miss_warm_batches,
     }
     res = _run_child("toggle", spec, tmp, in_process=True)
     print(
         f"miss ({args.miss_tiers} tiers), one in-process engine, the connector's work switched "
         f"on / off / off again (A/A) in random order per round ({res['rounds']} rounds; copy "
-        f"threads at nice {res.get('copy_nice')}; statistics files "
+        f"threads at nice {res.get('copy_nice')}; {args.miss_warm_batches} warm-up batches; "
+        "statistics files "
         f"{'on' if args.miss_stats_file else 'off'}): "
         f"TTFT of one unique {args.miss_tokens}-token prompt ({args.miss_ttft_per_round} "
         "sub-rounds per round), wall time of 20 unique "
@@ -995,6 +1005,13 @@ def main() -> int:
         type=int,
         default=3,
         help="miss (toggle): TTFT sub-rounds per round (each: every arm once, random order)",
+    )
+    ap.add_argument(
+        "--miss-warm-batches",
+        type=int,
+        default=0,
+        help="miss (toggle): unrecorded 20-prompt batches with the connector on before the "
+        "rounds (about 13 fill a 2 GiB cpu tier: steady state, evicted buffers recycled)",
     )
     ap.add_argument(
         "--miss-on0",
