@@ -33,12 +33,14 @@ from typing import Any, TypeVar
 import torch
 
 from lmcache_core.backend import BaseBackend, Capabilities
+from lmcache_core.blob import lower_thread_priority
 from lmcache_core.config.options import build_options
 from lmcache_core.errors import ConfigError, LMCacheError
 from lmcache_core.keys import CacheEngineKey, Namespace
 
 from . import layout
 from .aligned import BufferPool, probe_direct_io
+from .flusher import Flusher
 from .index import IndexUnavailable
 from .maint import DiskMaintenance
 from .objects import ObjectIO, ReadOutcome, ReadResult
@@ -100,6 +102,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         self._owner_lock: OwnerLock | None = None
         self._tier: TierDir | None = None
         self._buffers = BufferPool(opts.staging_bytes, STAGING_IDLE_S)
+        self._flusher = Flusher(f"lmcache-{self.name}")
         self._touches: dict[str, float] = {}
         self._touch_lock = threading.Lock()
         self._last_flush = 0.0
@@ -208,7 +211,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         self._exec = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.opts.concurrency,
             thread_name_prefix=f"lmcache-{self.name}",
-            initializer=_lower_thread_priority,
+            initializer=lower_thread_priority,
             initargs=(self.opts.io_nice,),
         )
         try:
@@ -313,6 +316,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         self._stop_healing()
         if self._exec is not None:
             self._exec.shutdown(wait=True)
+        self._flusher.close()
         if self._index is not None:
             self._index.close()
         if self._owner_lock is not None:
@@ -595,15 +599,3 @@ def _start_error(root: str, exc: BaseException) -> str:
     at = f" ({where})" if where else ""
     hint = _HINTS.get(code or 0, "see the message above")
     return f"disk tier {root} cannot start: {what}{at}; {hint}"
-
-
-def _lower_thread_priority(increment: int) -> None:
-    """Make the calling (I/O) thread nicer by ``increment`` (Linux: per thread)."""
-    if increment <= 0:
-        return
-    try:
-        tid = threading.get_native_id()
-        current = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, current + increment))
-    except (OSError, AttributeError):
-        pass

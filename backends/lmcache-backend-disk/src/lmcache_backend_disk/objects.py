@@ -180,26 +180,60 @@ class ObjectIO:
         fsync. The file is removed on any error."""
         return self.write_new_file(tmp_rel, lambda fd: self._write(fd, template, value))
 
+    def write_temp_unsynced(
+        self, tmp_rel: str, template: HeaderTemplate, value: torch.Tensor
+    ) -> tuple[int, list[str], int]:
+        """Like :meth:`write_temp`, but the file is left open and not yet flushed: returns
+        its size, the directories needing an fsync and its descriptor, which the caller
+        must hand to :meth:`finish_temp`. A batch writes all its objects first and then
+        flushes them, so one journal commit covers the whole batch instead of one commit
+        (and device cache flush) per object racing the other objects' writes."""
+        fd, size, new_dirs = self._fill_new_file(
+            tmp_rel, lambda fd: self._write(fd, template, value)
+        )
+        return size, new_dirs, fd
+
+    def finish_temp(self, tmp_rel: str, fd: int) -> None:
+        """Flush (when durable) and close ``fd``, the open file ``tmp_rel`` from
+        :meth:`write_temp_unsynced`; on any error the file is removed and the error
+        raised."""
+        try:
+            if self.durable:
+                os.fdatasync(fd)
+        except BaseException:
+            self._discard(tmp_rel, fd)
+            raise
+        os.close(fd)
+
     def write_new_file(self, tmp_rel: str, fill: Callable[[int], int]) -> tuple[int, list[str]]:
         """Create the new file ``tmp_rel`` (sandboxed, like every create), let ``fill``
         write it through its descriptor and return the size written, flush it when
         durable; the file is removed on any error. Returns the size and the directories
         still needing an fsync (see :meth:`write_temp`). The seam other I/O paths (the
         gds backend's device writes) use."""
+        fd, size, new_dirs = self._fill_new_file(tmp_rel, fill)
+        self.finish_temp(tmp_rel, fd)
+        return size, new_dirs
+
+    def _fill_new_file(
+        self, tmp_rel: str, fill: Callable[[int], int]
+    ) -> tuple[int, int, list[str]]:
+        """Create ``tmp_rel`` and run ``fill`` on it; the open descriptor, the size and the
+        new directories (the file is removed on any error)."""
         fd, new_dirs = self._create(tmp_rel)
         try:
             size = fill(fd)
-            if self.durable:
-                os.fdatasync(fd)
         except BaseException:
-            os.close(fd)
-            try:
-                self.tier.unlink(tmp_rel)
-            except OSError:
-                pass
+            self._discard(tmp_rel, fd)
             raise
+        return fd, size, new_dirs
+
+    def _discard(self, tmp_rel: str, fd: int) -> None:
         os.close(fd)
-        return size, new_dirs
+        try:
+            self.tier.unlink(tmp_rel)
+        except OSError:
+            pass
 
     def _create(self, rel: str) -> tuple[int, list[str]]:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL

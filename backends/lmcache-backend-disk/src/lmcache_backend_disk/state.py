@@ -17,6 +17,7 @@ from lmcache_core.backend import BackendStats
 from lmcache_core.keys import CacheEngineKey
 
 if TYPE_CHECKING:
+    from .flusher import Flusher
     from .objects import ObjectIO
     from .options import DiskOptions
     from .sandbox import TierDir
@@ -70,6 +71,7 @@ class DiskState:
     _bound_recorded: bool
     _seq: Any
     _exec: concurrent.futures.ThreadPoolExecutor | None
+    _flusher: Flusher
     _totals: tuple[int, int]
     _index: SharedIndex | None
     _last_audit: float

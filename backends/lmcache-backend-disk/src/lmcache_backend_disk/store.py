@@ -59,6 +59,8 @@ class _Write:
     pending_id: int | None = None
     written: bool = False
     new_dirs: tuple[str, ...] = ()  # parents of directories created for it (to fsync)
+    defer_sync: bool = False  # leave the temporary file open, flushed with its batch
+    fd: int | None = None  # the open temporary file, written but not flushed yet
 
 
 class DiskStore(DiskState):
@@ -110,6 +112,8 @@ class DiskStore(DiskState):
             return
         left = [len(todo)]
         lock = threading.Lock()
+        for w in todo:
+            w.defer_sync = len(todo) > 1
 
         def write_one(w: _Write) -> None:
             try:
@@ -128,6 +132,7 @@ class DiskStore(DiskState):
         self, writes: list[_Write], done: concurrent.futures.Future[list[bool]]
     ) -> None:
         try:
+            self._flush_written(writes)
             done.set_result(self._publish_sync(writes))
         except BaseException as exc:
             done.set_exception(exc)
@@ -292,13 +297,35 @@ class DiskStore(DiskState):
             value = w.value
             if value.device.type != "cpu":
                 value = value.to("cpu")
-            _, new_dirs = self.io.write_temp(w.tmp, w.template, value.contiguous())
+            if w.defer_sync:
+                _, new_dirs, w.fd = self.io.write_temp_unsynced(
+                    w.tmp, w.template, value.contiguous()
+                )
+            else:
+                _, new_dirs = self.io.write_temp(w.tmp, w.template, value.contiguous())
             w.new_dirs = tuple(new_dirs)
             w.written = True
         except OSError as exc:
             self.counters.store_failures += 1
             self._stats.errors += 1
             log.warning("disk tier %s: writing %s failed: %s", self.root, w.rel, exc)
+
+    def _flush_written(self, writes: list[_Write]) -> None:
+        """Flush and close the batch's temporary files left open by their writes (all
+        written by now): the first flush commits the journal for all of them. A file that
+        fails to flush is removed and its write counts as failed (it is not published)."""
+        todo = [(w, w.fd) for w in writes if w.fd is not None]
+        for w, _ in todo:
+            w.fd = None
+        # run_all reports each call's exception instead of raising: every file is closed
+        errors = self._flusher.run_all(lambda wf: self.io.finish_temp(wf[0].tmp, wf[1]), todo)
+        for (w, _), exc in zip(todo, errors, strict=True):
+            if exc is None:
+                continue
+            w.written = False
+            self.counters.store_failures += 1
+            self._stats.errors += 1
+            log.warning("disk tier %s: flushing %s failed: %s", self.root, w.rel, exc)
 
     def _publish_sync(self, writes: list[_Write]) -> list[bool]:
         """Rename written objects into place and record them; release all reservations."""
@@ -343,15 +370,17 @@ class DiskStore(DiskState):
             results[i] = True
         if self.opts.fsync and renamed:
             # One fsync per directory touched by the batch (the renames, and the entries of
-            # directories created for it), deepest first; on journaling filesystems the
-            # first one commits them all and the rest return at once.
+            # directories created for it), all issued at once (``Flusher``): on journaling
+            # filesystems they join one commit instead of waiting for one round trip each.
             dirs = {writes[i].rel.rpartition("/")[0] for i in renamed}
             dirs.update(d for i in renamed for d in writes[i].new_dirs)
-            for d in sorted(dirs, key=lambda p: (-p.count("/"), p)):
-                try:
-                    self.tier.fsync_dir(d)
-                except OSError as exc:
+            order = sorted(dirs, key=lambda p: (-p.count("/"), p))
+            errors = self._flusher.run_all(self.tier.fsync_dir, order)
+            for d, exc in zip(order, errors, strict=True):
+                if isinstance(exc, OSError):
                     log.warning("disk tier %s: fsync of %s failed: %s", self.root, d, exc)
+                elif exc is not None:
+                    raise exc
         return results
 
     def _unlink_quietly(self, rel: str) -> None:
