@@ -6,8 +6,10 @@ Scenarios (``--scenario``, default all), on the demo's model (8-layer float32 Ll
 * ``hit``: time to first token of a prompt whose KV is in the connector's CPU tier,
   against vLLM's own prefix-cache hit on the same prompt: per pair, a vLLM hit, a second
   vLLM hit (the A/A twin) and a connector hit (after ``reset_prefix_cache()``) in random
-  order; the median of the per-pair ratios with a 95% bootstrap interval, beside the
-  same for vLLM's hit against itself. Target: <= 1.2x.
+  order; the median of the per-pair ratios with a 95% bootstrap interval (the connector
+  hit against the pair's vLLM hit, and against the geometric mean of both of the pair's
+  vLLM hits), beside the same for vLLM's hit against itself. Target: <= 1.2x.
+  ``--hit-in-process`` also times the connector's hooks on the engine thread, per hook.
 * ``disk``: one request loading N chunks from a disk-only tier on an idle in-process
   engine, page cache dropped for the tier's files (``posix_fadvise``): bytes / (first
   read issued -> ``get_finished`` reported), from the worker's statistics; against the
@@ -18,8 +20,9 @@ Scenarios (``--scenario``, default all), on the demo's model (8-layer float32 Ll
   Default (``--miss-design toggle``): one in-process engine whose connector is switched
   on and off between measurements (off, its scheduler side reports no hit and plans
   nothing; vLLM still calls every hook), per round in random order: on, off, off again
-  (the A/A twin) and, when the copy threads run nicer than vLLM, on with them at vLLM's
-  priority; it also times the connector's hooks on the engine thread and the CPU time
+  (the A/A twin) and, with ``--miss-on0`` when the copy threads run nicer than vLLM, on
+  with them at vLLM's priority; TTFT in ``--miss-ttft-per-round`` sub-rounds per round,
+  each its own ratio sample; it also times the connector's hooks on the engine thread and the CPU time
   of the process's other Python threads. ``--miss-design engines``: engine processes
   with and without the connector alive together (two identical processes measured 15%
   apart here, so this design cannot judge 5%). A measurement ends only once its saves
@@ -99,6 +102,7 @@ def _child_hit(spec: dict[str, Any]) -> dict[str, Any]:
     _ttft(llm, list(range(4, 300)))
     rows: dict[str, list[Any]] = {"cold": [], "vllm": [], "connector": [], "vllm_aa": []}
     hooks: dict[str, list[float]] = {k: [] for k in rows}
+    by_hook: dict[str, list[dict[str, float]]] = {k: [] for k in rows}
     rng = random.Random(5)
     for p in _prompts(spec, spec["prompts"], spec["tokens"], 7):
         rows["cold"].append(_ttft(llm, p))
@@ -116,11 +120,13 @@ def _child_hit(spec: dict[str, Any]) -> dict[str, Any]:
                 if what == "connector":
                     llm.reset_prefix_cache()
                 h0 = timer.seconds if timer is not None else 0.0
+                b0 = dict(timer.by_hook) if timer is not None else {}
                 rows[what].append(_ttft(llm, p))
                 if timer is not None:
                     hooks[what].append(timer.seconds - h0)
+                    by_hook[what].append({k: v - b0.get(k, 0.0) for k, v in timer.by_hook.items()})
     llm.llm_engine.engine_core.shutdown()
-    return {**rows, "hooks": hooks} if timer is not None else rows
+    return {**rows, "hooks": hooks, "by_hook": by_hook} if timer is not None else rows
 
 
 def _drop_page_cache(root: str) -> int:
@@ -269,21 +275,25 @@ class _HookTimer:
     def __init__(self, sched: Any, worker: Any) -> None:
         self.seconds = 0.0
         self.calls = 0
+        self.by_hook: dict[str, float] = {}  # seconds per hook name
         for obj, names in ((sched, self.SCHED), (worker, self.WORKER)):
             for name in names:
                 fn = getattr(obj, name, None)
                 if fn is not None:
-                    setattr(obj, name, self.timed(fn))
+                    setattr(obj, name, self.timed(fn, name))
 
-    def timed(self, fn: Any) -> Any:
-        """``fn`` with its time added to :attr:`seconds`."""
+    def timed(self, fn: Any, name: str | None = None) -> Any:
+        """``fn`` with its time added to :attr:`seconds` (and to ``by_hook[name]``)."""
+        key = name or getattr(fn, "__name__", "?")
 
         def timed(*a: Any, **kw: Any) -> Any:
             t0 = time.perf_counter()
             try:
                 return fn(*a, **kw)
             finally:
-                self.seconds += time.perf_counter() - t0
+                dt = time.perf_counter() - t0
+                self.seconds += dt
+                self.by_hook[key] = self.by_hook.get(key, 0.0) + dt
                 self.calls += 1
 
         return timed
@@ -338,8 +348,8 @@ class _ConnectorSwitch:
 
     def wrap(self, wrapper: Any) -> None:
         """Wrap both arms' methods (e.g. in a timer)."""
-        self._real = {n: wrapper(f) for n, f in self._real.items()}
-        self._off = {n: wrapper(f) for n, f in self._off.items()}
+        self._real = {n: wrapper(f, n) for n, f in self._real.items()}
+        self._off = {n: wrapper(f, n) for n, f in self._off.items()}
 
     def set(self, on: bool) -> None:
         for name, fn in (self._real if on else self._off).items():
@@ -386,13 +396,21 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
     switch.wrap(timer.timed)  # both arms' scheduler hooks timed the same way
     _ttft(llm, list(range(4, 300)))
     _wait_saves()
+    # Unrecorded batches with the connector on first (--miss-warm-batches): they fill the
+    # cpu tier, so the rounds measure it recycling evicted buffers, as a server does
+    # after its warm-up, not filling fresh memory.
+    warm_sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    for w in range(spec.get("warm_batches", 0)):
+        warm = _prompts(spec, 20, spec["batch_tokens"], 10**6 + w)
+        llm.generate([TokensPrompt(prompt_token_ids=p) for p in warm], warm_sp, use_tqdm=False)
+        _wait_saves()
     copy_tids = _copy_threads(worker)
     nices = {t: os.getpriority(os.PRIO_PROCESS, t) for t in copy_tids}
     base_nice = os.getpriority(os.PRIO_PROCESS, 0)
     sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     rng = random.Random(3)
     arms = ["on", "off", "off2"]
-    if any(n != base_nice for n in nices.values()):
+    if spec.get("on0") and any(n != base_nice for n in nices.values()):
         arms.append("on0")
     out: dict[str, Any] = {w: {a: [] for a in arms} for w in ("ttft", "batch")}
     seeds = {"on": 0, "off": 250, "off2": 500, "on0": 750}
@@ -401,7 +419,9 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
     for rep in range(spec["reps"]):
         if rep >= spec["min_reps"] and time.monotonic() - t_start > spec["budget_s"]:
             break
-        for what in ("ttft", "batch"):
+        # TTFT measurements are short: several sub-rounds per round, each a ratio sample
+        subs = [("ttft", k) for k in range(spec.get("ttft_per_round", 1))] + [("batch", 0)]
+        for what, sub in subs:
             order = list(arms)
             rng.shuffle(order)
             for arm in order:
@@ -409,7 +429,7 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
                 for t, n in nices.items():
                     os.setpriority(os.PRIO_PROCESS, t, base_nice if arm == "on0" else n)
                 time.sleep(0.3)  # let the connector's threads go idle
-                seed = 1000 * rep + seeds[arm] + (7 if what == "batch" else 0)
+                seed = 1000 * rep + seeds[arm] + (7 if what == "batch" else 11 * sub)
                 hook0, cpu0 = timer.seconds, timer.other_threads_cpu()
                 t0 = time.perf_counter()
                 if what == "ttft":
@@ -484,12 +504,17 @@ def _run_child(
     return json.loads(out_path.read_text())
 
 
-def _ktc(storage: dict[str, Any], stats: Path, **options: Any) -> dict[str, Any]:
+def _ktc(storage: dict[str, Any], stats: Path | None, **options: Any) -> dict[str, Any]:
+    """The connector's configuration; ``stats``: its ``stats_dir`` (off by default in the
+    connector: a file written every step costs the engine thread ~1 ms)."""
+    extra: dict[str, Any] = {"config": storage, **options}
+    if stats is not None:
+        extra["stats_dir"] = str(stats)
     return {
         "kv_connector": "LMCacheCoreConnector",
         "kv_role": "kv_both",
         "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"config": storage, "stats_dir": str(stats), **options},
+        "kv_connector_extra_config": extra,
     }
 
 
@@ -558,8 +583,15 @@ def scenario_hit(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> N
     }
     rows = _run_child("hit", spec, tmp, in_process=args.hit_in_process)
     hooks = rows.pop("hooks", None)
+    by_hook = rows.pop("by_hook", None)
     ratios = [c[0] / v[0] for c, v in zip(rows["connector"], rows["vllm"], strict=True)]
     aa = [a[0] / v[0] for a, v in zip(rows["vllm_aa"], rows["vllm"], strict=True)]
+    # The same pairs against both of the pair's vLLM hits (their geometric mean): vLLM's
+    # own hit measured twice per pair, so less of one measurement's noise in the baseline.
+    both = [
+        c[0] / (v[0] * a[0]) ** 0.5
+        for c, v, a in zip(rows["connector"], rows["vllm"], rows["vllm_aa"], strict=True)
+    ]
     med = {k: statistics.median(t for t, _ in v) for k, v in rows.items()}
     print(
         f"hit: {args.prompts} prompts x {args.tokens} tokens, {args.pairs} interleaved pairs "
@@ -573,12 +605,23 @@ def scenario_hit(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> N
         cached = sorted({c for _, c in rows[key]})
         print(f"  {label:<22} TTFT median {med[key] * 1e3:8.1f} ms   cached tokens {cached}")
     print(f"  connector / vLLM hit, per-pair ratios: {_verdict(ratios, aa, 1.2)}")
+    print(f"  connector / geometric mean of the pair's two vLLM hits: {_verdict(both, aa, 1.2)}")
     _print_load_breakdown(tmp / "stats-hit", len(rows["connector"]))
     if hooks:
         print(
             "  connector hooks on the engine thread per measurement (median): "
             + ", ".join(f"{k} {statistics.median(v) * 1e3:.2f} ms" for k, v in hooks.items() if v)
         )
+    if by_hook:
+        names = sorted({n for arm in by_hook.values() for d in arm for n in d})
+        for n in names:
+            per = {
+                k: statistics.median(d.get(n, 0.0) for d in v) * 1e3
+                for k, v in by_hook.items()
+                if v and k != "cold"
+            }
+            if max(per.values(), default=0.0) >= 0.01:
+                print(f"    {n:<28} " + ", ".join(f"{k} {x:.2f} ms" for k, x in per.items()))
     print(f"  cold / connector: {med['cold'] / med['connector']:.1f}x")
 
 
@@ -731,19 +774,30 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         return
     spec = {
         **base,
-        "ktc": _ktc(_miss_storage(args, tmp, "kv-miss"), tmp / "stats-miss"),
+        # (the toggle reads the worker's counters in-process: no statistics file, as
+        # the connector runs by default, unless --miss-stats-file)
+        "ktc": _ktc(
+            _miss_storage(args, tmp, "kv-miss"),
+            tmp / "stats-miss" if args.miss_stats_file else None,
+        ),
         "tokens": args.miss_tokens,
         "batch_tokens": args.batch_tokens,
         "reps": args.miss_reps,
         "min_reps": args.miss_min_reps,
         "budget_s": args.miss_budget_s,
+        "ttft_per_round": args.miss_ttft_per_round,
+        "on0": args.miss_on0,
+        "warm_batches": args.miss_warm_batches,
     }
     res = _run_child("toggle", spec, tmp, in_process=True)
     print(
         f"miss ({args.miss_tiers} tiers), one in-process engine, the connector's work switched "
         f"on / off / off again (A/A) in random order per round ({res['rounds']} rounds; copy "
-        f"threads at nice {res.get('copy_nice')}): "
-        f"TTFT of one unique {args.miss_tokens}-token prompt, wall time of 20 unique "
+        f"threads at nice {res.get('copy_nice')}; {args.miss_warm_batches} warm-up batches; "
+        "statistics files "
+        f"{'on' if args.miss_stats_file else 'off'}): "
+        f"TTFT of one unique {args.miss_tokens}-token prompt ({args.miss_ttft_per_round} "
+        "sub-rounds per round), wall time of 20 unique "
         f"{args.batch_tokens}-token prompts (8 output tokens each). Saves included: each "
         "measurement ends once its saves are in every tier"
     )
@@ -945,6 +999,31 @@ def main() -> int:
         metavar="DIR",
         help="miss: also measure the connector of another lmcache_core version, imported "
         "from DIR/lmcache_core (e.g. git archive COMMIT lmcache_core | tar -x -C DIR)",
+    )
+    ap.add_argument(
+        "--miss-ttft-per-round",
+        type=int,
+        default=3,
+        help="miss (toggle): TTFT sub-rounds per round (each: every arm once, random order)",
+    )
+    ap.add_argument(
+        "--miss-warm-batches",
+        type=int,
+        default=0,
+        help="miss (toggle): unrecorded 20-prompt batches with the connector on before the "
+        "rounds (about 13 fill a 2 GiB cpu tier: steady state, evicted buffers recycled)",
+    )
+    ap.add_argument(
+        "--miss-on0",
+        action="store_true",
+        help="miss (toggle): also the arm 'on0', the connector on with its copy threads at "
+        "vLLM's priority (when copy_nice lowers them)",
+    )
+    ap.add_argument(
+        "--miss-stats-file",
+        action="store_true",
+        help="miss (toggle): also write the connector's statistics files (stats_dir), as "
+        "runs before 2026-12-01 15:45 did; off by default, as in the connector",
     )
     ap.add_argument("--json", metavar="FILE", help="miss: write every sample to FILE")
     ap.add_argument("--miss-reps", type=int, default=30, help="miss: most rounds")

@@ -161,6 +161,7 @@ class Harness:
             tensors = [sw_tensor, tensor]
             groups = [KVCacheGroupSpec(sw_names, sw_spec), KVCacheGroupSpec(names, spec)]
             self.full_gid, self.sw_gid = 1, 0
+        self.layer_names = [n for g in groups for n in g.layer_names]
         kv_cfg = KVCacheConfig(
             num_blocks=num_blocks,
             kv_cache_tensors=tensors,
@@ -292,6 +293,8 @@ class Harness:
         computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
         if so.has_sync_kv_loads:
             w.start_load_kv(None)
+        for name in self.layer_names:  # as each attention layer does before reading
+            w.wait_for_layer_load(name)
         self._forward(so, computed)
         if not so.has_sync_kv_loads:
             w.start_load_kv(None)

@@ -225,6 +225,42 @@ def test_decode_chunks_are_stored_and_reused_by_the_next_turn(
     assert h.scheduler_side.stats()["hit_tokens"] >= 4 * CHUNK
 
 
+def test_memory_tier_loads_start_at_the_top_of_the_step_and_run_once(
+    vllm_models: Models, harnesses: list[Harness]
+) -> None:
+    """A hit in the memory tier starts loading in ``handle_preemptions`` (vLLM calls it
+    before preparing the step's inputs), ``start_load_kv`` then loads nothing again, and
+    the forward pass reads the right KV."""
+    h = Harness(vllm_models.main, _storage(), async_scheduling=False)
+    harnesses.append(h)
+    h.add("p0", [*A, 7], max_tokens=1)
+    h.drain()
+    h.settle()
+    assert h.sched.reset_prefix_cache()  # the hit is the connector's, not vLLM's
+    ws, w = h.worker_side, h.worker
+    seen: list[tuple[str, int, int]] = []  # (hook, chunks loaded before, after)
+    real_hp, real_sl = w.handle_preemptions, w.start_load_kv
+
+    def handle_preemptions(meta: Any) -> None:
+        before = ws.counters.loaded_chunks
+        real_hp(meta)
+        seen.append(("handle_preemptions", before, ws.counters.loaded_chunks))
+
+    def start_load_kv(ctx: Any) -> None:
+        before = ws.counters.loaded_chunks
+        real_sl(ctx)
+        seen.append(("start_load_kv", before, ws.counters.loaded_chunks))
+
+    w.handle_preemptions, w.start_load_kv = handle_preemptions, start_load_kv
+    h.add("r", [*A, 9], max_tokens=1)
+    h.drain()
+    # loaded in the step's handle_preemptions, and not again in its start_load_kv
+    assert seen[:2] == [("handle_preemptions", 0, 4), ("start_load_kv", 4, 4)]
+    assert ws.counters.loaded_chunks == 4
+    assert h.scheduler_side.stats()["hit_tokens"] == 4 * CHUNK
+    assert h.bad_computes == 0
+
+
 def test_the_connector_supplies_its_namespace_and_rejects_a_conflicting_one(
     vllm_models: Models, harnesses: list[Harness]
 ) -> None:

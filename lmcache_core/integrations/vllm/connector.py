@@ -14,7 +14,8 @@ background, and a failed one fails the request's load as a whole: ``failed_recvi
 a model with other groups (SSM state) it reports no hits and stores nothing (one INFO line
 says why) and the model runs normally.
 
-Hits in a worker's memory tier load in ``start_load_kv`` before the forward pass; every
+Hits in a worker's memory tier start loading at the top of the step (``handle_preemptions``,
+else ``start_load_kv``), before the forward pass; every
 other hit loads in the background (``load_async``, reported through ``get_finished``).
 Saves are gathered into bounded staging memory in ``wait_for_save`` and stored in the
 background; a finished request whose last saves are not gathered yet keeps its blocks

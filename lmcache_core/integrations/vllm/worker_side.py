@@ -105,6 +105,7 @@ class WorkerSide:
         self._reported_disabled = False
         self._dirty = False
         self._step = -1
+        self._load_step = -1  # the last step whose loads started
         self._idle = False  # the current step computes nothing
         self._evicted: list[int] = []
         self._fail_policy = ctx.failure_policy != "recompute"
@@ -244,9 +245,14 @@ class WorkerSide:
     # ------------------------------------------------------------------ step start
     def handle_preemptions(self, meta: StepMetadata) -> None:
         """Blocks of preempted requests are reused from this step on: every gather still
-        reading them must be complete (asynchronous only on CUDA)."""
+        reading them must be complete (asynchronous only on CUDA). Then the step's loads
+        start: vLLM calls this at the top of ``execute_model``, before it prepares the
+        step's inputs, so copies beside the forward pass (:mod:`.layer_copy`) begin while
+        the engine thread is still in Python and a core is free (``start_load_kv``
+        then finds them started)."""
         if meta.preempted and self.saves is not None:
             self.saves.wait_gathers()
+        self.start_load(meta)
 
     def _begin(self, meta: StepMetadata) -> None:
         if meta.step <= self._step:
@@ -292,6 +298,11 @@ class WorkerSide:
         log.info("LMCacheCoreConnector rank %d: reset, %d chunks removed", self.rank, removed)
 
     def start_load(self, meta: StepMetadata) -> None:
+        """Start the step's loads, once per step (from ``handle_preemptions`` or, for a
+        runner that does not call it, ``start_load_kv``)."""
+        if meta.step <= self._load_step:
+            return
+        self._load_step = meta.step
         self._begin(meta)
         if meta.chains and self.storage is not None and self.db is not None:
             observe = self.storage.hierarchy.observe_prefix
