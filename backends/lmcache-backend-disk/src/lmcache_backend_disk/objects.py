@@ -206,8 +206,13 @@ class ObjectIO:
         direct: bool,
         durable: bool,
         pool: BufferPool,
+        mem_align: int = ALIGN,
     ) -> None:
         self.tier = tier
+        #: Memory alignment an ``O_DIRECT`` transfer needs here (see
+        #: :func:`~.aligned.probe_direct_mem_align`): a caller's tensor aligned to it is
+        #: written from and read into directly, without a staging copy.
+        self.mem_align = mem_align
         self.file_mode = file_mode
         self.dir_mode = dir_mode
         self.direct = direct
@@ -315,7 +320,7 @@ class ObjectIO:
         size = hlen + n
         padded = round_up(size)
         _preallocate(fd, padded)
-        if n >= ALIGN and src.ctypes.data % ALIGN == 0:
+        if n >= ALIGN and src.ctypes.data % self.mem_align == 0:
             return self._write_direct_aligned(fd, template, src)
         buf = self.pool.take(padded)
         try:
@@ -450,7 +455,7 @@ class ObjectIO:
         and the data's xxh3-128 hex digest."""
         n = size - hlen
         hasher = xxh3_128()
-        aligned = dst.ctypes.data % ALIGN == 0
+        aligned = dst.ctypes.data % self.mem_align == 0
         span = round_up(hlen + min(n, READ_PIECE)) if not aligned else hlen + ALIGN
         buf = self.pool.take(span)
         stage = np.frombuffer(buf.view, dtype=np.uint8)
@@ -589,7 +594,7 @@ class ObjectIO:
             views.append(dst.data)
             _pread_exact(fd, views, 0 if with_head else hlen, n + len(head))
             return bytes(head)
-        if dst.ctypes.data % ALIGN == 0:
+        if dst.ctypes.data % self.mem_align == 0:
             return self._read_direct_aligned(fd, hlen, size, dst, with_head)
         start = 0 if with_head else hlen
         buf = self.pool.take(round_up(size - start))
