@@ -329,6 +329,7 @@ class TieredHierarchy(BaseBackend):
             await self._stats_writer.stop()
             self._stats_writer = None
         self.budget.close()
+        self.pool.close()
 
     async def flush(self) -> None:
         """Wait until every background store queued so far has finished (in all tiers)."""
