@@ -135,3 +135,57 @@ def test_promotions_from_a_lower_tier_copy_into_spares_and_stay_exact(tmp_path) 
     assert all(exact)
     assert prefaulted >= 8
     assert reused >= 8 and allocated <= n - 8
+
+
+def _cpu_over_disk(path: str) -> dict[str, object]:
+    return {
+        "tiers": [
+            {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "64MiB"}},
+            {
+                "name": "disk",
+                "backend": "disk",
+                "options": {"path": path, "max_bytes": "256MiB"},
+                "write": {"policy": "through"},
+            },
+        ]
+    }
+
+
+def test_content_addressed_hierarchy_writes_a_chunk_through_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """With content-addressed keys (the connector's), a chunk the disk tier holds (it
+    stored it, or served it) is not written to disk again; a miss there forgets that, so
+    a chunk removed behind the hierarchy's back is written again. Without the flag a
+    later store overwrites (the backend contract)."""
+    cfg = _cpu_over_disk(str(tmp_path / "kv"))
+    k, v = make_key(0), random_tensor((MiB,), torch.uint8, seed=1)
+    other = random_tensor((MiB,), torch.uint8, seed=2)
+
+    async def body() -> None:
+        async with TieredHierarchy.from_config(cfg) as h:
+            assert isinstance(h, TieredHierarchy)
+            h.content_addressed = True
+            disk = h.tier("disk")
+            assert await h.put(k, v)
+            await h.flush()
+            stores = disk.stats.stores
+            assert await h.put(k, v)  # the same chunk saved again: no second disk write
+            await h.flush()
+            assert disk.stats.stores == stores and disk.stats.known_skips == 1
+            await disk.backend.remove(k)  # behind the hierarchy's back (another process)
+            out = torch.empty(MiB, dtype=torch.uint8)
+            assert await disk.get_into(k, out) is False
+            assert await h.tiers[0].backend.remove(k)
+            assert not await h.get_into(k, out)  # the miss in disk forgets what it knew
+            assert await h.put(k, v)
+            await h.flush()
+            assert disk.stats.stores == stores + 1
+            assert await disk.backend.get_into(k, out) and torch.equal(out, v)
+
+        async with TieredHierarchy.from_config(cfg) as h:  # default: later stores overwrite
+            assert isinstance(h, TieredHierarchy)
+            assert await h.put(k, other)
+            await h.flush()
+            out = torch.empty(MiB, dtype=torch.uint8)
+            assert await h.tier("disk").backend.get_into(k, out) and torch.equal(out, other)
+
+    asyncio.run(body())
