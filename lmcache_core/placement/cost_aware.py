@@ -52,6 +52,27 @@ from .cost import PrefillCost
 __all__ = ["CostAwarePolicy"]
 
 _RESCALE_AT = 1e200
+_REUSE_BINS = 4 * 64  # 4 per octave of reuse distance
+_HORIZON_EVERY = 1024  # reuses between two re-estimates of the horizon
+_HORIZON_MIN = 256  # reuses seen before the horizon is used
+# Reuse statistics are kept per class of a key's access count: 1, 2-3, 4-7, 8 or more.
+_CLASSES_AT = 8
+_LAST_CLASS = 3
+_CLASS_OF = (0, 0, 1, 1, 2, 2, 2, 2)
+
+
+def _reuse_bin(d: int) -> int:
+    """Histogram bin of a reuse distance ``d`` >= 1: 4 bins per octave."""
+    n = d.bit_length()
+    return d if n <= 2 else 4 * (n - 2) + ((d >> (n - 3)) & 3)
+
+
+def _bin_top(b: int) -> int:
+    """The largest distance in bin ``b`` (the inverse of :func:`_reuse_bin`)."""
+    if b < 4:
+        return b
+    n = b // 4 + 2
+    return ((4 + (b & 3) + 1) << (n - 3)) - 1
 
 _Entry = tuple[float, int, "_Rec", float]  # (value, push order, record, weight then)
 
@@ -116,6 +137,7 @@ class CostAwarePolicy:
     """
 
     name = "cost"
+    hold_margin = 2.0
 
     def __init__(
         self,
@@ -132,6 +154,7 @@ class CostAwarePolicy:
         short_factor: float = 0.25,
         judge_every: int = 16,
         switch_at: float = 8.0,
+        hold: bool = True,
     ) -> None:
         if capacity_bytes < 0 or bandwidth <= 0:
             raise ValueError("capacity_bytes must be >= 0 and bandwidth > 0")
@@ -175,6 +198,15 @@ class CostAwarePolicy:
         self._rates_by_shape: dict[tuple[int, int, int], float] = {}
         self._heap: list[_Entry] = []
         self._seq = 0
+        # Holding (see _estimate_horizon): per class of access count, a histogram of
+        # reuse distances (accesses between two accesses of a key, 4 bins per octave) and
+        # the accesses that started in the class, both halved after each estimate.
+        self._hold = hold
+        self._reuse_hist = [[0.0] * _REUSE_BINS for _ in range(_LAST_CLASS + 1)]
+        self._class_acc = [0.0] * (_LAST_CLASS + 1)
+        self._reuses = 0
+        # per class, the hit density per age bin (empty: not estimated)
+        self._density: list[list[float]] = [[] for _ in range(_LAST_CLASS + 1)]
 
     # ------------------------------------------------------------------ valuation
     def expected_hits(self, key: Hashable, info: ChunkInfo) -> float:
@@ -210,12 +242,21 @@ class CostAwarePolicy:
         self._clock += 1
         if rec is None or not rec.known:
             rec = self._learn(key, rec, info.parent)
-        elif self._ordered:
-            self._reorder(rec)
+        else:
+            if self._hold:
+                self._reuse_hist[_CLASS_OF[rec.count] if rec.count < _CLASSES_AT else _LAST_CLASS][_reuse_bin(self._clock - rec.stamp)] += 1.0
+                self._reuses += 1
+                if not self._reuses % _HORIZON_EVERY:
+                    self._estimate_horizon()
+            if self._ordered:
+                self._reorder(rec)
         rec.stamp = self._clock
         rec.wshort += gs
         rec.wlong += gl
-        rec.count += 1
+        n = rec.count + 1
+        rec.count = n
+        if self._hold:
+            self._class_acc[_CLASS_OF[n] if n < _CLASSES_AT else _LAST_CLASS] += 1.0
 
     def record_accesses(
         self, keys: Sequence[Hashable], infos: Sequence[ChunkInfo], hits: Sequence[bool]
@@ -232,6 +273,7 @@ class CostAwarePolicy:
         gs, gl = self._growth_s, self._growth_l
         tick = self._tick
         clock = self._clock
+        hold, rhist, racc = self._hold, self._reuse_hist, self._class_acc
         for key, info in zip(keys, infos, strict=True):
             gs *= step_s
             gl *= step_l
@@ -251,12 +293,21 @@ class CostAwarePolicy:
             if rec is None or not rec.known:
                 self._clock = clock
                 rec = self._learn(key, rec, info.parent)
-            elif self._ordered:
-                self._reorder(rec)
+            else:
+                if hold:
+                    rhist[_CLASS_OF[rec.count] if rec.count < _CLASSES_AT else _LAST_CLASS][_reuse_bin(clock - rec.stamp)] += 1.0
+                    self._reuses += 1
+                    if not self._reuses % _HORIZON_EVERY:
+                        self._estimate_horizon()
+                if self._ordered:
+                    self._reorder(rec)
             rec.stamp = clock
             rec.wshort += gs
             rec.wlong += gl
-            rec.count += 1
+            n = rec.count + 1
+            rec.count = n
+            if hold:
+                racc[_CLASS_OF[n] if n < _CLASSES_AT else _LAST_CLASS] += 1.0
         self._growth_s, self._growth_l = gs, gl
         self._growth = gl if self.long_memory else gs
         self._tick = tick
@@ -275,6 +326,8 @@ class CostAwarePolicy:
         if victim is None:
             return False
         lm = self.long_memory
+        if not lm and self._hold and self._holds(victim, recs.get(key)):
+            return False  # worth more than the newcomer at its age (see _estimate_horizon)
         growth = self._growth
         # (a resident record's prec is its parent's record; the newcomer's is ``skip``)
         displaced = victim.rate * (self._hits_of(victim, victim.prec, lm) / growth)
@@ -495,6 +548,72 @@ class CostAwarePolicy:
             self._switch(True)
         elif self._vote < -self._switch_at and self.long_memory:
             self._switch(False)
+
+    def _estimate_horizon(self) -> None:
+        """Which ages make a resident chunk worth holding against a newcomer (see
+        :meth:`admit`), from the recent reuse distances (the histogram halves after each
+        estimate, so it follows the trace).
+
+        The short memory values a chunk by how recently it was accessed, as if its next
+        access were as likely soon as late (memoryless). When reuses come after a
+        bounded wait instead (a chat's next turn, seconds to a minute later), a chunk
+        part of the way through its wait has *less* of it left than a newcomer starting
+        its own: it is worth more per byte held, not less, and displacing it for each
+        newcomer is LRU's thrashing on a loop larger than the tier. The measure is the
+        hit density of an access at age ``a`` (accesses since its latest):
+        ``P(reused | not yet by a) / E[accesses still held | a]`` (Beckmann et al.'s
+        LHD, NSDI 2018), where a reuse ends the holding at its distance and an access
+        never reused (the accesses beyond the reuses) is held to the horizon, the
+        distance within which 99% of reuses happen. A chunk at an age whose density
+        is above a newcomer's (age 0) is held; beyond the horizon none is. With
+        memoryless or heavy-tailed reuse distances (stationary popularity: RAG, system
+        prompts) the density never rises with age, and nothing is held."""
+        self._density = [self._densities(c) for c in range(_LAST_CLASS + 1)]
+        for hist in self._reuse_hist:
+            for b in range(len(hist)):
+                hist[b] *= 0.5
+        acc = self._class_acc
+        for c in range(len(acc)):
+            acc[c] *= 0.5
+
+    def _holds(self, victim: _Rec, rec: _Rec | None) -> bool:
+        """Whether ``victim``'s hit density at its age beats a newcomer's (``rec``: its
+        record, whose latest access was just now)."""
+        n = rec.count if rec is not None else 1
+        fresh = self._density[_CLASS_OF[n] if n < _CLASSES_AT else _LAST_CLASS]
+        if not fresh:
+            return False
+        n = victim.count
+        mine = self._density[_CLASS_OF[n] if n < _CLASSES_AT else _LAST_CLASS]
+        b = _reuse_bin(self._clock - victim.stamp)
+        return b < len(mine) and mine[b] > self.hold_margin * fresh[0]
+
+    def _densities(self, c: int) -> list[float]:
+        """Hit density per age bin of class ``c`` (empty: too few reuses)."""
+        hist = self._reuse_hist[c]
+        total = sum(hist)
+        if total < _HORIZON_MIN / 4:
+            return []
+        # The horizon: the bin in which 99% of the reuses are reached.
+        acc, top = 0.0, len(hist) - 1
+        for b, n in enumerate(hist):
+            acc += n
+            if acc >= 0.99 * total:
+                top = b
+                break
+        horizon = _bin_top(top) + 1
+        never = max(self._class_acc[c] - total, 0.0)
+        # Walk the bins down from the horizon: reuses at or after the bin's start and
+        # the accesses they hold from there on (bin midpoints).
+        hits = held = 0.0
+        density = [0.0] * (top + 1)
+        for b in range(top, -1, -1):
+            lo = _bin_top(b - 1) + 1 if b else 0
+            hits += hist[b]
+            held += hist[b] * 0.5 * (lo + _bin_top(b))
+            life = held - hits * lo + never * (horizon - lo)
+            density[b] = hits / life if life > 0.0 else 0.0
+        return density
 
     def _switch(self, long_memory: bool) -> None:
         self.long_memory = long_memory
