@@ -58,7 +58,7 @@ __all__ = ["CostAwarePolicy"]
 
 _RESCALE_AT = 1e200
 _REUSE_BINS = 4 * 64  # 4 per octave of reuse distance
-_DENSITY_EVERY = 1024  # reuses between two estimates of the hit densities
+_DENSITY_MASK = 1023  # hit densities are estimated every 1024 reuses
 _DENSITY_MIN = 64  # reuses of a class in the window before its densities count
 # Reuse statistics are kept per class of a key's access count: 1, 2-3, 4-7, 8 or more.
 _CLASSES_AT = 8
@@ -260,7 +260,7 @@ class CostAwarePolicy:
                     _reuse_bin(self._clock - rec.stamp)
                 ] += 1.0
                 self._reuses += 1
-                if not self._reuses % _DENSITY_EVERY:
+                if not self._reuses & _DENSITY_MASK:
                     self._estimate_densities()
             if self._ordered:
                 self._reorder(rec)
@@ -288,6 +288,7 @@ class CostAwarePolicy:
         tick = self._tick
         clock = self._clock
         hold, rhist, racc = self._hold, self._reuse_hist, self._class_acc
+        reuses = self._reuses
         for key, info in zip(keys, infos, strict=True):
             gs *= step_s
             gl *= step_l
@@ -309,11 +310,15 @@ class CostAwarePolicy:
                 rec = self._learn(key, rec, info.parent)
             else:
                 if hold:
-                    rhist[_CLASS_OF[rec.count] if rec.count < _CLASSES_AT else _LAST_CLASS][
-                        _reuse_bin(clock - rec.stamp)
+                    d = clock - rec.stamp  # the reuse distance, binned as _reuse_bin does
+                    nb = d.bit_length()
+                    c = rec.count
+                    rhist[_CLASS_OF[c] if c < _CLASSES_AT else _LAST_CLASS][
+                        d if nb <= 2 else 4 * nb - 8 + ((d >> (nb - 3)) & 3)
                     ] += 1.0
-                    self._reuses += 1
-                    if not self._reuses % _DENSITY_EVERY:
+                    reuses += 1
+                    if not reuses & _DENSITY_MASK:
+                        self._reuses = reuses
                         self._estimate_densities()
                 if self._ordered:
                     self._reorder(rec)
@@ -328,6 +333,7 @@ class CostAwarePolicy:
         self._growth = gl if self.long_memory else gs
         self._tick = tick
         self._clock = clock
+        self._reuses = reuses
 
     def admit(self, key: Hashable, info: ChunkInfo) -> bool:
         recs = self._recs
@@ -553,10 +559,15 @@ class CostAwarePolicy:
             return
         ks, kl = h.wshort, h.wlong
         below_s = below_l = 0
-        pick = self._rng.randrange
+        # randrange(n), inlined (the same draws: what random.Random._randbelow does)
+        bits = self._rng.getrandbits
         n = len(res)
+        k = n.bit_length()
         for _ in range(8):
-            rh = res[pick(n)]
+            i = bits(k)
+            while i >= n:
+                i = bits(k)
+            rh = res[i]
             below_s += rh.wshort < ks
             below_l += rh.wlong < kl
         self._vote = 0.998 * self._vote + (below_l - below_s) / 8.0
@@ -590,11 +601,9 @@ class CostAwarePolicy:
         its working set lost up to 3.4% against LRU (seeds 2 and 3)."""
         self._density = [self._densities(c) for c in range(_LAST_CLASS + 1)]
         for hist in self._reuse_hist:
-            for b in range(len(hist)):
-                hist[b] *= 0.5
+            hist[:] = [x * 0.5 for x in hist]
         acc = self._class_acc
-        for c in range(len(acc)):
-            acc[c] *= 0.5
+        acc[:] = [x * 0.5 for x in acc]
 
     def _holds(self, victim: _Rec, rec: _Rec | None) -> bool:
         """Whether ``victim``'s hit density at its age beats a newcomer's (``rec``: its
