@@ -48,8 +48,10 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from bisect import bisect_left
 from collections.abc import Container, Hashable, Sequence
 from collections.abc import Set as AbstractSet
+from itertools import accumulate
 
 from .base import ChunkInfo
 from .cost import PrefillCost
@@ -60,6 +62,7 @@ _RESCALE_AT = 1e200
 _REUSE_BINS = 4 * 64  # 4 per octave of reuse distance
 _DENSITY_MASK = 1023  # hit densities are estimated every 1024 reuses
 _DENSITY_MIN = 64  # reuses of a class in the window before its densities count
+_INC_RESCALE = 2.0**512
 # Reuse statistics are kept per class of a key's access count: 1, 2-3, 4-7, 8 or more.
 _CLASSES_AT = 8
 _LAST_CLASS = 3
@@ -217,6 +220,7 @@ class CostAwarePolicy:
         self._reuse_hist = [[0.0] * _REUSE_BINS for _ in range(_LAST_CLASS + 1)]
         self._class_acc = [0.0] * (_LAST_CLASS + 1)
         self._reuses = 0
+        self._inc = 1.0  # what one reuse or access adds (doubles at each estimate)
         # per class, the hit density per age bin (empty: not estimated)
         self._density: list[list[float]] = [[] for _ in range(_LAST_CLASS + 1)]
 
@@ -258,7 +262,7 @@ class CostAwarePolicy:
             if self._hold:
                 self._reuse_hist[_CLASS_OF[rec.count] if rec.count < _CLASSES_AT else _LAST_CLASS][
                     _reuse_bin(self._clock - rec.stamp)
-                ] += 1.0
+                ] += self._inc
                 self._reuses += 1
                 if not self._reuses & _DENSITY_MASK:
                     self._estimate_densities()
@@ -270,7 +274,7 @@ class CostAwarePolicy:
         n = rec.count + 1
         rec.count = n
         if self._hold:
-            self._class_acc[_CLASS_OF[n] if n < _CLASSES_AT else _LAST_CLASS] += 1.0
+            self._class_acc[_CLASS_OF[n] if n < _CLASSES_AT else _LAST_CLASS] += self._inc
 
     def record_accesses(
         self, keys: Sequence[Hashable], infos: Sequence[ChunkInfo], hits: Sequence[bool]
@@ -288,7 +292,7 @@ class CostAwarePolicy:
         tick = self._tick
         clock = self._clock
         hold, rhist, racc = self._hold, self._reuse_hist, self._class_acc
-        reuses = self._reuses
+        reuses, inc = self._reuses, self._inc
         for key, info in zip(keys, infos, strict=True):
             gs *= step_s
             gl *= step_l
@@ -315,11 +319,12 @@ class CostAwarePolicy:
                     c = rec.count
                     rhist[_CLASS_OF[c] if c < _CLASSES_AT else _LAST_CLASS][
                         d if nb <= 2 else 4 * nb - 8 + ((d >> (nb - 3)) & 3)
-                    ] += 1.0
+                    ] += inc
                     reuses += 1
                     if not reuses & _DENSITY_MASK:
                         self._reuses = reuses
                         self._estimate_densities()
+                        inc = self._inc
                 if self._ordered:
                     self._reorder(rec)
             rec.stamp = clock
@@ -328,7 +333,7 @@ class CostAwarePolicy:
             n = rec.count + 1
             rec.count = n
             if hold:
-                racc[_CLASS_OF[n] if n < _CLASSES_AT else _LAST_CLASS] += 1.0
+                racc[_CLASS_OF[n] if n < _CLASSES_AT else _LAST_CLASS] += inc
         self._growth_s, self._growth_l = gs, gl
         self._growth = gl if self.long_memory else gs
         self._tick = tick
@@ -600,10 +605,16 @@ class CostAwarePolicy:
         margin (2) keeps estimation noise from holding: with 1, multi-turn at 25% of
         its working set lost up to 3.4% against LRU (seeds 2 and 3)."""
         self._density = [self._densities(c) for c in range(_LAST_CLASS + 1)]
-        for hist in self._reuse_hist:
-            hist[:] = [x * 0.5 for x in hist]
-        acc = self._class_acc
-        acc[:] = [x * 0.5 for x in acc]
+        # Halving every count is doubling the next increments (exactly: powers of 2),
+        # with no pass over the bins; they are scaled down once the increment is large.
+        inc = self._inc * 2.0
+        if inc > _INC_RESCALE:
+            for hist in self._reuse_hist:
+                hist[:] = [x / _INC_RESCALE for x in hist]
+            acc = self._class_acc
+            acc[:] = [x / _INC_RESCALE for x in acc]
+            inc /= _INC_RESCALE
+        self._inc = inc
 
     def _holds(self, victim: _Rec, rec: _Rec | None) -> bool:
         """Whether ``victim``'s hit density at its age beats a newcomer's (``rec``: its
@@ -621,15 +632,10 @@ class CostAwarePolicy:
         """Hit density per age bin of class ``c`` (empty: too few reuses)."""
         hist = self._reuse_hist[c]
         total = sum(hist)
-        if total < _DENSITY_MIN:
+        if total < _DENSITY_MIN * self._inc:
             return []
         # The horizon: the bin in which 99% of the reuses are reached.
-        acc, top = 0.0, len(hist) - 1
-        for b, n in enumerate(hist):
-            acc += n
-            if acc >= 0.99 * total:
-                top = b
-                break
+        top = min(bisect_left(list(accumulate(hist)), 0.99 * total), len(hist) - 1)
         horizon = _bin_top(top) + 1
         never = max(self._class_acc[c] - total, 0.0)
         # Walk the bins down from the horizon: reuses at or after the bin's start and
