@@ -383,8 +383,23 @@ class CostAwarePolicy:
             prec.kids += 1
             rec.prec = prec
         else:
-            rec.prec = None
-        self._push(rec)
+            prec = rec.prec = None
+        # _push(rec) inlined (one push per insertion)
+        self._seq = seq = self._seq + 1
+        lm = self.long_memory
+        hits = own = 0.0
+        if rec.known:
+            own = rec.wlong if lm else rec.wshort
+            if rec.count >= self.min_reuse:
+                hits = own
+        if prec is not None and prec.known and prec.children > 0:
+            share = (prec.wlong if lm else prec.wshort) / prec.children
+            if share > hits:
+                hits = share
+        heap = self._heap
+        heapq.heappush(heap, (rec.rate * hits, seq, rec, own))
+        if len(heap) > 4 * len(self._res) + 1024:
+            self._rebuild()
 
     def removed(self, key: Hashable) -> None:
         rec = self._recs.get(key)
