@@ -259,12 +259,17 @@ def probe_direct_io(dir_fd: int, name: str) -> bool:
     except OSError:
         return False
     finally:
-        os.close(fd)
-        try:
-            os.unlink(name, dir_fd=dir_fd)
-        except OSError:
-            pass
-        buf.close()
+        _discard_probe(fd, dir_fd, name, buf)
+
+
+def _discard_probe(fd: int, dir_fd: int, name: str, buf: AlignedBuffer) -> None:
+    """Close and remove a probe file and release its buffer."""
+    os.close(fd)
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+    buf.close()
 
 
 _STATX_DIOALIGN = 0x2000
@@ -327,9 +332,4 @@ def probe_direct_mem_align(dir_fd: int, name: str) -> int:
     except OSError:
         return ALIGN
     finally:
-        os.close(fd)
-        try:
-            os.unlink(name, dir_fd=dir_fd)
-        except OSError:
-            pass
-        buf.close()
+        _discard_probe(fd, dir_fd, name, buf)
