@@ -153,9 +153,10 @@ def _cpu_over_disk(path: str) -> dict[str, object]:
 
 def test_content_addressed_hierarchy_writes_a_chunk_through_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """With content-addressed keys (the connector's), a chunk the disk tier holds (it
-    stored it, or served it) is not written to disk again; a miss there forgets that, so
-    a chunk removed behind the hierarchy's back is written again. Without the flag a
-    later store overwrites (the backend contract)."""
+    stored it, or served it, and its index still lists it) is not written to disk again;
+    a chunk another process removed through the index is written again, and a miss in
+    the tier forgets it. Without the flag a later store overwrites (the backend
+    contract)."""
     cfg = _cpu_over_disk(str(tmp_path / "kv"))
     k, v = make_key(0), random_tensor((MiB,), torch.uint8, seed=1)
     other = random_tensor((MiB,), torch.uint8, seed=2)
@@ -171,15 +172,19 @@ def test_content_addressed_hierarchy_writes_a_chunk_through_once(tmp_path) -> No
             assert await h.put(k, v)  # the same chunk saved again: no second disk write
             await h.flush()
             assert disk.stats.stores == stores and disk.stats.known_skips == 1
-            await disk.backend.remove(k)  # behind the hierarchy's back (another process)
+            await disk.backend.remove(k)  # another process removes it through the index
+            assert await h.put(k, v)  # the tier's own answer says it is gone: written
+            await h.flush()
+            assert disk.stats.stores == stores + 1 and disk.stats.known_skips == 1
             out = torch.empty(MiB, dtype=torch.uint8)
-            assert await disk.get_into(k, out) is False
+            assert await disk.backend.get_into(k, out) and torch.equal(out, v)
+            await disk.backend.remove(k)
             assert await h.tiers[0].backend.remove(k)
-            assert not await h.get_into(k, out)  # the miss in disk forgets what it knew
+            assert not await h.get_into(k, out)  # a miss in disk forgets what it knew
+            assert k not in disk.known
             assert await h.put(k, v)
             await h.flush()
-            assert disk.stats.stores == stores + 1
-            assert await disk.backend.get_into(k, out) and torch.equal(out, v)
+            assert disk.stats.stores == stores + 2
 
         async with TieredHierarchy.from_config(cfg) as h:  # default: later stores overwrite
             assert isinstance(h, TieredHierarchy)

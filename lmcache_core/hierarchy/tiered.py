@@ -518,15 +518,23 @@ class TieredHierarchy(BaseBackend):
             t.known.discard(key)  # (a miss: whatever we believed, the tier lacks it now)
         return False
 
-    @staticmethod
-    def _holds_already(t: Tier, key: CacheEngineKey) -> bool:
+    def _holds_already(self, t: Tier, key: CacheEngineKey) -> bool:
         """Whether a write-through store of ``key`` into ``t`` can be skipped (keys that
-        name their content only): the tier stored it or served it recently, or a store of
-        it is queued. A hint: a chunk another process removed meanwhile is not written
-        again until a miss in ``t`` forgets it (a lost store, never wrong bytes)."""
-        if key in t.known or t.writer.queued(key):
+        name their content only): a store of it is queued, or ``t`` stored or served it in
+        this process and still holds it by its own in-memory answer
+        (``try_batched_contains_threadsafe``: the disk tier's view of its shared index,
+        so a chunk another process removed through the index is written again). A tier
+        that cannot answer from memory is written. A file removed behind the index's back
+        is a stale positive until a load misses it (the load then drops the row)."""
+        if t.writer.queued(key):
             t.stats.known_skips += 1
             return True
+        if key not in t.known:
+            return False
+        if self._contains_in_tier_threadsafe(t, [key]) == [True]:
+            t.stats.known_skips += 1
+            return True
+        t.known.discard(key)
         return False
 
     async def _batched_get_into(
