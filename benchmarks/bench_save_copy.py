@@ -120,7 +120,7 @@ def main() -> int:
 
     # Fill the cpu tier (and a bit more) so that it recycles evicted memory, as it does
     # once a server has run for a while.
-    fill = int(cfg.tiers[0].options["max_bytes"]) // chunk_bytes + args.chunks
+    fill = int(cfg.tiers[0].options.max_bytes) // chunk_bytes + args.chunks
     for _ in range(-(-fill // args.chunks)):
         sample(False)
     for _ in range(2):  # warm-up of both ways
