@@ -21,6 +21,11 @@ suite runs against it unchanged). Tiers come from the configuration
   Nth sighting. Background stores never delay the caller beyond one copy of the value;
   each tier's queue is bounded (``max_queue``, ``max_queue_latency_ms``) and sheds new
   stores when full (counted as ``dropped_stores``). Loads are never shed.
+* **Reserved stores.** :meth:`TieredHierarchy.reserve_in_top_threadsafe` lends memory of
+  a top tier with :class:`~lmcache_core.interface.ReservedPuts` (``cpu``) for a chunk the
+  caller then writes itself; :meth:`TieredHierarchy.put_reserved` publishes that memory
+  in the top tier and hands the write-through tiers the same memory, borrowed until
+  their stores ended: no copy at all (the vLLM connector's saves gather into it).
 * **Failures.** A tier raising an ``Exception`` gives misses, skipped lookups or dropped
   stores, counted as ``errors``, and is skipped with exponential backoff until a retry
   succeeds; the caller never sees the exception (``asyncio.CancelledError`` and
