@@ -17,7 +17,14 @@
 2. Per-call overhead of a 1 KiB copy: ``copy_into`` vs ``numpy.copyto`` on fresh views.
 3. Packing 32k Python ints as int32: module-level ``struct.pack`` vs a compiled ``Struct``.
 
-Run: .venv/bin/python benchmarks/bench_copy.py [--rounds 21] [--block 5]
+With ``--fresh`` only this runs instead: a 4 MiB copy into fresh memory, the staging
+pool's question (``lmcache_core.hierarchy.staging``): into a new ``torch.empty`` (every
+page faulted on first write), into ``lmcache_core.memory.populated_empty`` (allocation
+included: the mapping is faulted in by ``MAP_POPULATE``), and into a reused buffer (A and
+B: the A/A spread), interleaved; every fresh buffer stays alive until the end, so none
+reuses another's pages.
+
+Run: .venv/bin/python benchmarks/bench_copy.py [--rounds 21] [--block 5] [--fresh]
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _util import aa_spread, interleaved_samples, pct
 
-from lmcache_core.memory import copy_into
+from lmcache_core.memory import copy_into, populated_empty
 
 MiB = 1 << 20
 
@@ -99,11 +106,54 @@ def copies(label: str, nbytes: int, rounds: int, block: int) -> dict[str, float]
     return {"torch": t_med, "memmove": m_med}
 
 
+def fresh_memory(rounds: int, block: int) -> None:
+    """4 MiB copies into fresh, pre-faulted and reused memory (see the module docstring)."""
+    n = 4 * MiB
+    src = torch.full((n,), 7, dtype=torch.uint8)
+    reused = torch.empty(n, dtype=torch.uint8)
+    keep: list[torch.Tensor] = []
+
+    def into_empty() -> None:
+        dst = torch.empty(n, dtype=torch.uint8)
+        copy_into(dst, src)
+        keep.append(dst)
+
+    def into_populated() -> None:
+        dst = populated_empty(n)
+        copy_into(dst, src)
+        keep.append(dst)
+
+    s = interleaved_samples(
+        {
+            "new torch.empty": into_empty,
+            "populated_empty": into_populated,
+            "reused A": lambda: copy_into(reused, src),
+            "reused B": lambda: copy_into(reused, src),
+        },
+        rounds=rounds,
+        block=block,
+    )
+    base = pct(s["reused A"] + s["reused B"], 50)
+    aa = aa_spread(s["reused A"], s["reused B"])
+    print(f"4 MiB copy, load average {os.getloadavg()[0]:.1f}; A/A spread of reused {aa:.2f}")
+    for name in ("new torch.empty", "populated_empty", "reused A", "reused B"):
+        med = pct(s[name], 50)
+        print(
+            f"  {name:16s} median {med * 1e3:7.3f} ms  p90 {pct(s[name], 90) * 1e3:7.3f} ms"
+            f"  = {med / base:5.2f}x reused"
+        )
+    keep.clear()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=21, help="rounds of interleaved blocks")
     ap.add_argument("--block", type=int, default=5, help="calls per contender per round")
+    ap.add_argument("--fresh", action="store_true", help="only the fresh-memory copies")
     args = ap.parse_args()
+    if args.fresh:
+        fresh_memory(args.rounds, args.block)
+        return
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, "
         f"{os.cpu_count()} cores, load average before: {os.getloadavg()[0]:.1f}"

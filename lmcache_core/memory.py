@@ -13,10 +13,11 @@ faster (1.3-1.5x). Copies involving a device tensor still go through torch.
 from __future__ import annotations
 
 import ctypes
+import mmap
 
 import torch
 
-__all__ = ["as_bytes", "copy_into", "pinned_available", "staging_empty"]
+__all__ = ["as_bytes", "copy_into", "pinned_available", "populated_empty", "staging_empty"]
 
 _memmove = ctypes.memmove
 
@@ -46,6 +47,41 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
             _memmove(dst.data_ptr(), src.data_ptr(), n)
         return
     as_bytes(dst).copy_(as_bytes(src), non_blocking=False)
+
+
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+
+_madvise: ctypes._CFuncPtr | None = None  # type: ignore[name-defined]
+try:
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _madvise = _libc.madvise
+    _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    _madvise.restype = ctypes.c_int
+except (OSError, AttributeError):  # not Linux / no libc symbol: memory faults on first use
+    _madvise = None
+
+
+def populated_empty(nbytes: int) -> torch.Tensor:
+    """``nbytes`` of fresh host memory as a flat uint8 tensor, its pages already faulted in.
+
+    A private anonymous mapping whose pages are faulted in by
+    ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14+), called through ctypes so the GIL is
+    released meanwhile (``mmap``'s own ``MAP_POPULATE`` holds it: a thread populating
+    4 MiB mappings delayed the other threads' wake-ups by up to 100-260 ms here). Fresh
+    memory is expensive on virtual machines that hand freed pages back to their host: a
+    4 MiB copy into a new ``torch.empty`` costs several times one into memory already
+    faulted in (``benchmarks/bench_copy.py --fresh``). Where the ``madvise`` is not
+    available the pages fault on first use, as ``torch.empty``'s do. The tensor keeps the
+    mapping alive."""
+    if nbytes <= 0:
+        return torch.empty(0, dtype=torch.uint8)
+    try:
+        m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (OSError, ValueError, AttributeError):
+        return torch.empty(nbytes, dtype=torch.uint8)
+    t = torch.frombuffer(m, dtype=torch.uint8, count=nbytes)
+    if _madvise is not None:
+        _madvise(t.data_ptr(), nbytes, _MADV_POPULATE_WRITE)  # (failure: faults on first use)
+    return t
 
 
 def pinned_available() -> bool:

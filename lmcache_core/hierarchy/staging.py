@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 from collections.abc import Callable
 
 import torch
 
-from ..memory import copy_into
+from ..blob import lower_thread_priority
+from ..memory import copy_into, populated_empty
 
 __all__ = ["CopyBudget", "StagedChunk", "StagingPool"]
 
@@ -27,23 +29,57 @@ def flat_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 class StagingPool:
-    """Recycles flat uint8 buffers by size, keeping at most ``max_free_bytes`` idle."""
+    """Recycles flat uint8 buffers by size, keeping at most ``max_free_bytes`` idle.
 
-    def __init__(self, max_free_bytes: int = 256 << 20) -> None:
+    A buffer donated to a memory tier never comes back, so every promotion and
+    write-through of a new chunk into a memory tier takes fresh memory, and on this kind
+    of machine the page faults of fresh memory cost ~10x the copy itself (see
+    :func:`~lmcache_core.memory.populated_empty`). So buffers of ``spare_min_nbytes`` or
+    more are allocated already faulted in, and after each such allocation a background
+    thread (at a lower priority) tops the size's free list up to ``spare_bytes``: a load
+    that promotes a few chunks copies into memory that is already there instead of
+    faulting it in on the load's path. ``spare_bytes=0`` turns the background top-up off.
+    """
+
+    def __init__(
+        self,
+        max_free_bytes: int = 256 << 20,
+        *,
+        spare_bytes: int = 32 << 20,
+        spare_min_nbytes: int = 1 << 20,
+        spare_nice: int = 5,
+    ) -> None:
         self.max_free_bytes = max_free_bytes
+        self.spare_bytes = min(spare_bytes, max_free_bytes)
+        self.spare_min_nbytes = spare_min_nbytes
+        self.spare_nice = spare_nice
         self._free: dict[int, list[torch.Tensor]] = {}
         self._free_bytes = 0
         self.allocated = 0
         self.reused = 0
+        #: buffers the background thread faulted in ahead of use
+        self.prefaulted = 0
+        self._cond = threading.Condition()
+        self._wanted: set[int] = set()
+        self._thread: threading.Thread | None = None
+        self._closed = False
 
     def take(self, nbytes: int) -> torch.Tensor:
-        bucket = self._free.get(nbytes)
-        if bucket:
-            self._free_bytes -= nbytes
-            self.reused += 1
-            return bucket.pop()
-        self.allocated += 1
-        return torch.empty(nbytes, dtype=torch.uint8)
+        large = nbytes >= self.spare_min_nbytes
+        with self._cond:
+            bucket = self._free.get(nbytes)
+            if bucket:
+                self._free_bytes -= nbytes
+                self.reused += 1
+                buf = bucket.pop()
+            else:
+                self.allocated += 1
+                buf = None
+        if large:
+            self._want(nbytes)  # (a spare taken or missing: the top-up refills the size)
+        if buf is not None:
+            return buf
+        return populated_empty(nbytes) if large else torch.empty(nbytes, dtype=torch.uint8)
 
     def take_like(self, like: torch.Tensor) -> torch.Tensor:
         """A recycled buffer viewed with ``like``'s dtype and shape."""
@@ -57,14 +93,67 @@ class StagingPool:
         """Return a buffer (any view of one taken from this pool)."""
         flat = flat_bytes(t) if t.numel() else t
         n = flat.numel() * flat.element_size()
-        if n == 0 or self._free_bytes + n > self.max_free_bytes:
-            return
-        self._free.setdefault(n, []).append(flat)
-        self._free_bytes += n
+        with self._cond:
+            if n == 0 or self._free_bytes + n > self.max_free_bytes:
+                return
+            self._free.setdefault(n, []).append(flat)
+            self._free_bytes += n
 
     @property
     def free_bytes(self) -> int:
         return self._free_bytes
+
+    def close(self) -> None:
+        """Stop the background top-up (buffers already free stay usable)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        t, self._thread = self._thread, None
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=5.0)
+
+    # ------------------------------------------------------------------ top-up
+    def _want(self, nbytes: int) -> None:
+        if self.spare_bytes < nbytes:
+            return
+        with self._cond:
+            if self._closed or not self._short(nbytes):
+                return
+            self._wanted.add(nbytes)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._top_up, name="lmcache-prefault", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def _short(self, nbytes: int) -> bool:
+        """Whether the size's free list is under ``spare_bytes`` (caller holds the lock)."""
+        have = len(self._free.get(nbytes, ())) * nbytes
+        return (
+            have + nbytes <= self.spare_bytes and self._free_bytes + nbytes <= self.max_free_bytes
+        )
+
+    def _top_up(self) -> None:
+        lower_thread_priority(self.spare_nice)
+        while True:
+            with self._cond:
+                while not self._wanted and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                nbytes = next(iter(self._wanted))
+                if not self._short(nbytes):
+                    self._wanted.discard(nbytes)
+                    continue
+            buf = populated_empty(nbytes)  # (outside the lock: it takes milliseconds)
+            with self._cond:
+                if self._closed:
+                    return
+                if self._short(nbytes):
+                    self._free.setdefault(nbytes, []).append(buf)
+                    self._free_bytes += nbytes
+                    self.prefaulted += 1
 
 
 class StagedChunk:

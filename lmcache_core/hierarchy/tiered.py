@@ -247,8 +247,14 @@ class TieredHierarchy(BaseBackend):
         *,
         namespace: Namespace | None = None,
         name: str = "hierarchy",
+        content_addressed: bool = False,
     ) -> None:
+        """``content_addressed``: the caller's keys name their content (a key stored twice
+        holds the same bytes both times, as the vLLM connector's prefix-chained keys do), so
+        a write-through store into a tier known to hold the key already is skipped (see
+        :meth:`_holds_already`). Off, a later store of a key overwrites it everywhere."""
         cfg = config if config is not None else load_config(None)
+        self.content_addressed = content_addressed
         if namespace is None:
             for warning in namespace_warnings(cfg):
                 log.warning("%s", warning)
@@ -374,6 +380,7 @@ class TieredHierarchy(BaseBackend):
             await self._stats_writer.stop()
             self._stats_writer = None
         self.budget.close()
+        self.pool.close()
 
     async def flush(self) -> None:
         """Wait until every background store queued so far has finished (in all tiers)."""
@@ -534,6 +541,7 @@ class TieredHierarchy(BaseBackend):
                 if v is None:
                     v = self._pending_copy(t, keys[i])
                 if v is None:
+                    t.known.discard(keys[i])
                     still.append(i)
                 else:
                     out[i] = v
@@ -552,6 +560,18 @@ class TieredHierarchy(BaseBackend):
                 if t.index > 0:
                     await self._promote(key, out, t)
                 return True
+            t.known.discard(key)  # (a miss: whatever we believed, the tier lacks it now)
+        return False
+
+    @staticmethod
+    def _holds_already(t: Tier, key: CacheEngineKey) -> bool:
+        """Whether a write-through store of ``key`` into ``t`` can be skipped (keys that
+        name their content only): the tier stored it or served it recently, or a store of
+        it is queued. A hint: a chunk another process removed meanwhile is not written
+        again until a miss in ``t`` forgets it (a lost store, never wrong bytes)."""
+        if key in t.known or t.writer.queued(key):
+            t.stats.known_skips += 1
+            return True
         return False
 
     async def _batched_get_into(
@@ -571,6 +591,7 @@ class TieredHierarchy(BaseBackend):
                     if t.index > 0:
                         promote.append((i, t))
                 else:
+                    t.known.discard(keys[i])
                     still.append(i)
             todo = still
         for i, t in promote:
@@ -631,11 +652,7 @@ class TieredHierarchy(BaseBackend):
     async def _put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
         top = self.tiers[0]
         nbytes = _nbytes(value)
-        lower = [
-            t
-            for t in self.tiers[1:]
-            if t.policy == "through" and t.admits(key, nbytes) and t.accepting()
-        ]
+        lower = self._through_targets(key, nbytes)
         stored = False
         if top.admits(key, nbytes):
             stored = await top.put_now(key, value, donate and not lower)
@@ -702,15 +719,22 @@ class TieredHierarchy(BaseBackend):
         finally:
             res.abort()
 
+    def _through_targets(self, key: CacheEngineKey, nbytes: int) -> list[Tier]:
+        """The write-through tiers a store of ``key`` goes to (admission recorded)."""
+        return [
+            t
+            for t in self.tiers[1:]
+            if t.policy == "through"
+            and not (self.content_addressed and self._holds_already(t, key))
+            and t.admits(key, nbytes)
+            and t.accepting()
+        ]
+
     async def _put_reserved(self, key: CacheEngineKey, res: Reservation) -> bool:
         top = self.tiers[0]
         value = res.value
         nbytes = _nbytes(value)
-        lower = [
-            t
-            for t in self.tiers[1:]
-            if t.policy == "through" and t.admits(key, nbytes) and t.accepting()
-        ]
+        lower = self._through_targets(key, nbytes)
         stored, borrow = False, None
         if top.admits(key, nbytes):
             stored, borrow = top.commit_reserved(key, res.handle, nbytes, bool(lower))

@@ -132,7 +132,10 @@ class Storage:
         self.config = config
         self.tier_names = tuple(t.name for t in config.tiers)
         self.drain_timeout_s = float(config.drain_timeout_s)
-        self.hierarchy = TieredHierarchy(config, namespace=namespace, name="vllm-connector")
+        # (prefix-chained chunk keys name their content: no tier rewrites a chunk it holds)
+        self.hierarchy = TieredHierarchy(
+            config, namespace=namespace, name="vllm-connector", content_addressed=True
+        )
         backend: Any = self.hierarchy
         self.sync = SyncBackend(backend, timeout=timeout_s)
         if copy_nice > 0:

@@ -1,0 +1,191 @@
+"""The hierarchy's staging pool: recycling by size, fresh memory faulted in ahead of use,
+and the background top-up that keeps promotions off fresh memory."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import torch
+
+from lmcache_core.hierarchy.staging import StagingPool
+from lmcache_core.hierarchy.tiered import TieredHierarchy
+from lmcache_core.memory import populated_empty
+from lmcache_core.testing import make_key, random_tensor
+
+MiB = 1 << 20
+
+
+def _wait(pred, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return bool(pred())
+
+
+def test_populated_memory_is_writable_and_outlives_its_mapping_references() -> None:
+    t = populated_empty(3 * MiB + 5)
+    assert t.dtype == torch.uint8 and t.numel() == 3 * MiB + 5
+    t.fill_(7)
+    view = t[MiB : MiB + 16].view(torch.int8)
+    del t
+    assert view.tolist() == [7] * 16
+    assert populated_empty(0).numel() == 0
+
+
+def test_small_buffers_are_plain_and_recycled_by_size() -> None:
+    pool = StagingPool(spare_bytes=8 * MiB)
+    a = pool.take(4096)
+    pool.give(a)
+    assert pool.take(4096).data_ptr() == a.data_ptr()
+    assert pool.take(8192).data_ptr() != a.data_ptr()
+    assert pool.prefaulted == 0  # small sizes get no spares
+    pool.close()
+
+
+def test_a_large_allocation_tops_the_size_up_in_the_background() -> None:
+    pool = StagingPool(spare_bytes=4 * MiB)
+    first = pool.take(MiB)
+    assert pool.allocated == 1
+    assert _wait(lambda: pool.prefaulted == 4), pool.prefaulted
+    time.sleep(0.05)
+    assert pool.prefaulted == 4 and pool.free_bytes == 4 * MiB  # never past spare_bytes
+    taken = [pool.take(MiB) for _ in range(4)]
+    assert pool.reused == 4 and pool.allocated == 1
+    ptrs = {t.data_ptr() for t in [first, *taken]}
+    assert len(ptrs) == 5  # five distinct buffers
+    # taking the spares asked for more: the pool refills
+    assert _wait(lambda: pool.free_bytes == 4 * MiB)
+    pool.close()
+
+
+def test_the_top_up_respects_max_free_bytes_and_stops_on_close() -> None:
+    pool = StagingPool(max_free_bytes=2 * MiB, spare_bytes=16 * MiB)
+    assert pool.spare_bytes == 2 * MiB
+    pool.take(MiB)
+    assert _wait(lambda: pool.prefaulted == 2)
+    time.sleep(0.05)
+    assert pool.free_bytes == 2 * MiB
+    pool.close()
+    assert not any(t.name == "lmcache-prefault" and t.is_alive() for t in threading.enumerate())
+    pool.take(MiB)
+    pool.take(MiB)
+    pool.take(MiB)  # fresh now, and no thread comes back after close
+    time.sleep(0.05)
+    assert pool.prefaulted == 2
+    assert not any(t.name == "lmcache-prefault" and t.is_alive() for t in threading.enumerate())
+
+
+def test_no_spares_means_no_thread() -> None:
+    pool = StagingPool(spare_bytes=0)
+    pool.take(4 * MiB)
+    time.sleep(0.05)
+    assert pool.prefaulted == 0 and pool.free_bytes == 0
+    assert pool._thread is None
+    pool.close()
+
+
+def test_promotions_from_a_lower_tier_copy_into_spares_and_stay_exact(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A cpu + disk hierarchy: chunks read from disk are promoted through staging buffers
+    the pool faulted in ahead (few fresh allocations), and every promoted chunk is exact."""
+    cfg = {
+        "tiers": [
+            {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "256MiB"}},
+            {
+                "name": "disk",
+                "backend": "disk",
+                "options": {"path": str(tmp_path / "kv"), "max_bytes": "1GiB"},
+                "write": {"policy": "through"},
+            },
+        ]
+    }
+    n = 12
+    keys = [make_key(i) for i in range(n)]
+    values = [random_tensor((MiB,), torch.uint8, seed=i) for i in range(n)]
+
+    async def fill() -> None:
+        async with TieredHierarchy.from_config(cfg) as h:
+            for k, v in zip(keys, values, strict=True):
+                assert await h.put(k, v)
+            await h.flush()
+
+    async def reload() -> tuple[int, int, int, list[bool]]:
+        exact = []
+        async with TieredHierarchy.from_config(cfg) as h:  # a fresh process: empty cpu tier
+            out = torch.empty(MiB, dtype=torch.uint8)
+            for i, k in enumerate(keys):
+                assert await h.get_into(k, out)
+                exact.append(bool(torch.equal(out, values[i])))
+                if i == 0:  # let the top-up run once (a real load has compute in between)
+                    await asyncio.to_thread(_wait, lambda: h.pool.prefaulted >= 8)
+            await h.flush()
+            top = h.tiers[0].backend
+            for i, k in enumerate(keys):  # the promoted copies in the cpu tier are exact
+                got = torch.empty(MiB, dtype=torch.uint8)
+                assert await top.get_into(k, got)
+                exact.append(bool(torch.equal(got, values[i])))
+            stats = (h.pool.allocated, h.pool.reused, h.pool.prefaulted)
+        return (*stats, exact)
+
+    asyncio.run(fill())
+    allocated, reused, prefaulted, exact = asyncio.run(reload())
+    assert all(exact)
+    assert prefaulted >= 8
+    assert reused >= 8 and allocated <= n - 8
+
+
+def _cpu_over_disk(path: str) -> dict[str, object]:
+    return {
+        "tiers": [
+            {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "64MiB"}},
+            {
+                "name": "disk",
+                "backend": "disk",
+                "options": {"path": path, "max_bytes": "256MiB"},
+                "write": {"policy": "through"},
+            },
+        ]
+    }
+
+
+def test_content_addressed_hierarchy_writes_a_chunk_through_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """With content-addressed keys (the connector's), a chunk the disk tier holds (it
+    stored it, or served it) is not written to disk again; a miss there forgets that, so
+    a chunk removed behind the hierarchy's back is written again. Without the flag a
+    later store overwrites (the backend contract)."""
+    cfg = _cpu_over_disk(str(tmp_path / "kv"))
+    k, v = make_key(0), random_tensor((MiB,), torch.uint8, seed=1)
+    other = random_tensor((MiB,), torch.uint8, seed=2)
+
+    async def body() -> None:
+        async with TieredHierarchy.from_config(cfg) as h:
+            assert isinstance(h, TieredHierarchy)
+            h.content_addressed = True
+            disk = h.tier("disk")
+            assert await h.put(k, v)
+            await h.flush()
+            stores = disk.stats.stores
+            assert await h.put(k, v)  # the same chunk saved again: no second disk write
+            await h.flush()
+            assert disk.stats.stores == stores and disk.stats.known_skips == 1
+            await disk.backend.remove(k)  # behind the hierarchy's back (another process)
+            out = torch.empty(MiB, dtype=torch.uint8)
+            assert await disk.get_into(k, out) is False
+            assert await h.tiers[0].backend.remove(k)
+            assert not await h.get_into(k, out)  # the miss in disk forgets what it knew
+            assert await h.put(k, v)
+            await h.flush()
+            assert disk.stats.stores == stores + 1
+            assert await disk.backend.get_into(k, out) and torch.equal(out, v)
+
+        async with TieredHierarchy.from_config(cfg) as h:  # default: later stores overwrite
+            assert isinstance(h, TieredHierarchy)
+            assert await h.put(k, other)
+            await h.flush()
+            out = torch.empty(MiB, dtype=torch.uint8)
+            assert await h.tier("disk").backend.get_into(k, out) and torch.equal(out, other)
+
+    asyncio.run(body())
