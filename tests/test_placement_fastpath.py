@@ -2,7 +2,9 @@
 
 * the rewritten :class:`CostAwarePolicy` (one record per key) against the previous
   implementation (``tests/placement_reference.py``), call for call, on every generated
-  trace family, including the rare paths (history forgotten, weights rescaled);
+  trace family, including the rare paths (history forgotten, weights rescaled), with
+  holding off (``hold=False``: the reference predates it; with it on, the policy
+  refuses some admissions the reference makes, deliberately);
 * the batched calls the hierarchy makes (``record_accesses`` per lookup, ``victim_in``
   per eviction) against the per-chunk calls (``record_access`` per key, ``victim`` asked
   again for every refused candidate), with some resident chunks not evictable (stores
@@ -141,7 +143,9 @@ def test_batched_calls_decide_as_the_per_chunk_calls(family: str) -> None:
 def test_rewritten_policy_decides_as_the_previous_one(family: str) -> None:
     trace, ws = cut(family, 900)
     cap = ws // 10
-    new = drive(CostAwarePolicy(cap, chunk_bytes_hint=256 * KVB), trace, cap, batched=True)
+    new = drive(
+        CostAwarePolicy(cap, chunk_bytes_hint=256 * KVB, hold=False), trace, cap, batched=True
+    )
     ref = drive(ReferenceCostAwarePolicy(cap, chunk_bytes_hint=256 * KVB), trace, cap, False)
     assert new == ref
 
@@ -162,15 +166,16 @@ def test_same_simulated_results_as_the_previous_policy(options: dict[str, Any]) 
         trace, ws = cut(family, 1500, seed=1)
         for frac in (0.1, 0.5):
             cfg = SimConfig(int(ws * frac), KVB)
-            new, ref = (
-                cls(
-                    cfg.capacity_bytes,
-                    cfg.cost,
-                    cfg.bandwidth,
-                    chunk_bytes_hint=256 * KVB,
-                    **options,
-                )
-                for cls in (CostAwarePolicy, ReferenceCostAwarePolicy)
+            new = CostAwarePolicy(
+                cfg.capacity_bytes,
+                cfg.cost,
+                cfg.bandwidth,
+                chunk_bytes_hint=256 * KVB,
+                hold=False,
+                **options,
+            )
+            ref = ReferenceCostAwarePolicy(
+                cfg.capacity_bytes, cfg.cost, cfg.bandwidth, chunk_bytes_hint=256 * KVB, **options
             )
             got = simulate(trace, new, cfg)
             want = simulate(trace, ref, cfg)

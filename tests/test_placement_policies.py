@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Hashable
 
 import pytest
@@ -234,3 +235,38 @@ def test_cost_aware_victims_stay_right_across_heap_rebuilds() -> None:
         assert other is not None and other != v
         p.record_access(v, infos[v], hit=True)
     assert len(p._heap) <= 4 * 20 + 1024 + 1  # rebuilt on the way
+
+
+def _loop_then_fill(pick: list[str], hold: bool) -> tuple[CostAwarePolicy, list[str]]:
+    """Accesses in the order ``pick``; then the 10 keys accessed longest ago (among the
+    last 200 accesses) fill the 10-chunk tier."""
+    p = CostAwarePolicy(10 * MB, hold=hold, chunk_bytes_hint=MB)
+    for k in pick:
+        p.record_access(k, info(None, 0), hit=False)
+    last: dict[str, int] = {k: i for i, k in enumerate(pick)}
+    oldest = sorted((i, k) for k, i in last.items())[:10]
+    resident = [k for _, k in oldest]
+    for k in resident:
+        p.inserted(k, info(None, 0))
+    return p, resident
+
+
+def test_cost_aware_holds_a_chunk_whose_reuse_comes_after_a_bounded_wait() -> None:
+    """200 keys in a loop (each back exactly 200 accesses later) through a 10-chunk tier:
+    a resident key 190 accesses into its wait is due back sooner than the key just
+    accessed, so it is held (the newcomer is refused); LRU-like recency (hold off)
+    would displace it, and keys drawn at random (memoryless waits) hold nothing."""
+    loop = [f"k{i % 200}" for i in range(4000)]
+    p, resident = _loop_then_fill(loop, hold=True)
+    newcomer = loop[-1]
+    assert newcomer not in resident
+    assert p.admit(newcomer, info(None, 0)) is False
+    q, _ = _loop_then_fill(loop, hold=False)
+    assert q.admit(newcomer, info(None, 0)) is True
+    rng = random.Random(1)
+    drawn = [f"k{rng.randrange(200)}" for _ in range(4000)]
+    r, resident = _loop_then_fill(drawn, hold=True)
+    assert drawn[-1] not in resident
+    assert r.admit(drawn[-1], info(None, 0)) is True
+    with pytest.raises(ValueError):
+        CostAwarePolicy(MB, hold_margin=0)

@@ -132,7 +132,7 @@ def _no_options(name: str, options: Mapping[str, Any]) -> None:
 def cost_policy(ctx: PolicyContext) -> PlacementPolicy:
     """``cost``: :class:`CostAwarePolicy`; options ``tokens_per_s``, ``attn_tokens``,
     ``bandwidth_gbps``, ``latency_s``, ``half_life``, ``min_reuse``, ``history``,
-    ``adapt``, ``short_factor``, ``long_factor``."""
+    ``adapt``, ``short_factor``, ``long_factor``, ``hold``, ``hold_margin``."""
     o = dict(ctx.options)
     cost = PrefillCost(
         tokens_per_s=float(o.pop("tokens_per_s", 8000.0)),
@@ -147,6 +147,8 @@ def cost_policy(ctx: PolicyContext) -> PlacementPolicy:
         "adapt",
         "short_factor",
         "long_factor",
+        "hold",
+        "hold_margin",
     }
     unknown = sorted(set(o) - known)
     if unknown:

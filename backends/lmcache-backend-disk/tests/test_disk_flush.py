@@ -149,3 +149,54 @@ def test_aligned_memory_is_aligned_and_lives_as_long_as_any_view(nbytes: int) ->
     finally:
         del tail
         buf.close()
+
+
+def test_every_directory_a_batch_changed_is_fsynced_before_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New objects in new directories: each object's directory is fsynced after its
+    rename, and the parent of each directory created for the batch after that
+    directory's creation, all before ``batched_put`` returns."""
+    events: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    real_fsync, real_rename = os.fsync, sandbox_mod.TierDir.rename
+    root = tmp_path / "tier"
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if os.path.isdir(path):
+            with lock:
+                events.append(("dirsync", os.path.relpath(path, root)))
+
+    def rename(self: sandbox_mod.TierDir, head: str, old: str, new: str) -> None:
+        real_rename(self, head, old, new)
+        with lock:
+            events.append(("rename", head))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(sandbox_mod.TierDir, "rename", rename)
+    values = [random_tensor((8 * KiB + i,), torch.uint8, seed=i) for i in range(12)]
+
+    async def body() -> None:
+        b = DiskBackend({"path": str(root), "fsync": True})
+        await b.start()
+        try:
+            await b.put(_key(1000), values[0])  # the namespace directory exists
+            events.clear()
+            keys = [_key(2000 + i) for i in range(12)]
+            assert await b.batched_put(keys, values) == [True] * 12
+            returned = len(events)
+            leaves = {str(Path(b._rel(k)).parent) for k in keys}
+            parents = {str(Path(d).parent) for d in leaves}
+            synced = [(i, d) for i, (kind, d) in enumerate(events[:returned]) if kind == "dirsync"]
+            for leaf in leaves:
+                renamed_at = max(
+                    i for i, (k, d) in enumerate(events) if k == "rename" and d == leaf
+                )
+                assert any(i > renamed_at and d == leaf for i, d in synced), leaf
+            assert parents <= {d for _, d in synced}
+        finally:
+            await b.close()
+
+    run(body())

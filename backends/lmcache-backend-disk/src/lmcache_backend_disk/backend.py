@@ -39,7 +39,7 @@ from lmcache_core.errors import ConfigError, LMCacheError
 from lmcache_core.keys import CacheEngineKey, Namespace
 
 from . import layout
-from .aligned import BufferPool, probe_direct_io
+from .aligned import ALIGN, BufferPool, probe_direct_io, probe_direct_mem_align
 from .flusher import Flusher
 from .index import IndexUnavailable
 from .maint import DiskMaintenance
@@ -88,6 +88,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         self.dir_mode = dir_mode(self.file_mode)
         self.owner = new_owner_id()
         self.direct_io = False
+        self.direct_mem_align = ALIGN  # memory alignment O_DIRECT needs (probed at start)
         self.batch_concurrency = opts.concurrency
         self._ns_json = layout.namespace_json(namespace)
         self._ns_dir = layout.namespace_dir(self._ns_json)
@@ -258,6 +259,8 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         if self.opts.direct_io != "false":
             with tier.dir(layout.META_DIR) as meta_fd:
                 self.direct_io = probe_direct_io(meta_fd, f".probe-{self.owner}")
+                if self.direct_io:
+                    self.direct_mem_align = probe_direct_mem_align(meta_fd, f".probe-{self.owner}")
             if not self.direct_io and self.opts.direct_io == "true":
                 raise ConfigError(
                     f"the filesystem of {self.root} refuses O_DIRECT", "options.direct_io"
@@ -269,6 +272,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
             direct=self.direct_io,
             durable=durable,
             pool=self._buffers,
+            mem_align=self.direct_mem_align,
         )
         self._index = SharedIndex(tier, self.file_mode, on_damage=self._index_damaged)
         self._view = KeyView(self._index, self._ns_dir, self.opts.lookup_refresh_s)
@@ -548,6 +552,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
             "entries": self._totals[1],
             "max_bytes": self.max_bytes,
             "direct_io": self.direct_io,
+            "direct_io_mem_align": self.direct_mem_align,
             "evictions": c.evictions,
             "evicted_bytes": c.evicted_bytes,
             "bad_objects": c.bad_objects,

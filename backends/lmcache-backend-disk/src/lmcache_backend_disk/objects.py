@@ -21,9 +21,11 @@ import errno
 import fcntl
 import os
 import stat
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import NoReturn
 
 import numpy as np
@@ -53,6 +55,8 @@ READ_PIECE = 4 << 20
 CPU_LANES = threading.BoundedSemaphore(max(1, len(os.sched_getaffinity(0))))
 _DUMMY_CHECKSUM = "xxh3_128:" + "0" * 32
 _CHECKSUM_FIELD = b'"checksum":"xxh3_128:'
+_KEY_FIELD = b'"key":"'
+_U64 = struct.Struct("<Q")
 _STANDARD_META = frozenset({"format", "format_version", "key", "namespace", "checksum", "codec"})
 
 
@@ -83,12 +87,51 @@ def _u8(t: torch.Tensor) -> np.ndarray:
     )
 
 
+class _Skeleton:
+    """A header's JSON body around the key's value (see :class:`HeaderTemplate`)."""
+
+    __slots__ = ("after", "before", "digits_in_after", "fixed_len")
+
+    def __init__(self, ns_json: str, dtype: torch.dtype, shape: tuple[int, ...], codec: str):
+        raw = fmt.encode_header("", ns_json, dtype, shape, _DUMMY_CHECKSUM, codec)
+        body = raw[8:].rstrip(b" ")
+        # the metadata fields before "key" are constants without this text, so the first
+        # match is the key field; its empty value is the '""' right after it
+        at = body.index(_KEY_FIELD) + len(_KEY_FIELD) - 1
+        self.before = body[:at]
+        self.after = body[at + 2 :]
+        # '"checksum":"' cannot occur inside a JSON string value (its quotes would be
+        # escaped), so the first match in what follows the key is the field itself
+        self.digits_in_after = self.after.index(_CHECKSUM_FIELD) + len(_CHECKSUM_FIELD)
+        self.fixed_len = len(self.before) + len(self.after)
+
+
+_SKELETONS: dict[tuple[str, torch.dtype, tuple[int, ...], str], _Skeleton] = {}
+_SKELETONS_MAX = 1024
+
+
+def _skeleton(ns_json: str, dtype: torch.dtype, shape: tuple[int, ...], codec: str) -> _Skeleton:
+    """The cached skeleton of headers with these fields (a handful per deployment: one per
+    chunk shape and namespace; the cache is emptied if it ever holds too many)."""
+    k = (ns_json, dtype, shape, codec)
+    sk = _SKELETONS.get(k)
+    if sk is None:
+        sk = _Skeleton(ns_json, dtype, shape, codec)
+        if len(_SKELETONS) >= _SKELETONS_MAX:
+            _SKELETONS.clear()
+        _SKELETONS[k] = sk
+    return sk
+
+
 class HeaderTemplate:
     """The exact header of an object with these fields, checksum digits left open.
 
-    Built with one :func:`~lmcache_core.format.encode_header` call; writers fill in the
-    digits, readers compare a file's header with it byte for byte (all but the digits),
-    which checks canonical form, format, key, namespace, dtype and shape at once.
+    Writers fill in the digits, readers compare a file's header with it byte for byte (all
+    but the digits), which checks canonical form, format, key, namespace, dtype and shape
+    at once. Built from a cached skeleton per (namespace, dtype, shape, codec): the JSON
+    before and after the key's value, encoded once by
+    :func:`~lmcache_core.format.encode_header`, with the key spliced in as the JSON
+    encoder would write it - the same bytes, without a JSON encoding per object.
     """
 
     __slots__ = ("bytes", "digits_at")
@@ -101,10 +144,12 @@ class HeaderTemplate:
         shape: tuple[int, ...],
         codec: str = "raw",
     ) -> None:
-        self.bytes = fmt.encode_header(key, ns_json, dtype, shape, _DUMMY_CHECKSUM, codec)
-        # '"checksum":"' cannot occur inside a JSON string value (its quotes would be
-        # escaped), so the first match is the metadata field itself.
-        self.digits_at = self.bytes.index(_CHECKSUM_FIELD) + len(_CHECKSUM_FIELD)
+        sk = _skeleton(ns_json, dtype, shape, codec)
+        key_json = encode_basestring(key).encode("utf-8")  # what json.dumps writes
+        body_len = sk.fixed_len + len(key_json)
+        n = -(-(8 + body_len) // fmt.DATA_ALIGN) * fmt.DATA_ALIGN - 8
+        self.bytes = b"".join((_U64.pack(n), sk.before, key_json, sk.after, b" " * (n - body_len)))
+        self.digits_at = 8 + len(sk.before) + len(key_json) + sk.digits_in_after
 
     def __len__(self) -> int:
         return len(self.bytes)
@@ -161,8 +206,13 @@ class ObjectIO:
         direct: bool,
         durable: bool,
         pool: BufferPool,
+        mem_align: int = ALIGN,
     ) -> None:
         self.tier = tier
+        #: Memory alignment an ``O_DIRECT`` transfer needs here (see
+        #: :func:`~.aligned.probe_direct_mem_align`): a caller's tensor aligned to it is
+        #: written from and read into directly, without a staging copy.
+        self.mem_align = mem_align
         self.file_mode = file_mode
         self.dir_mode = dir_mode
         self.direct = direct
@@ -270,7 +320,7 @@ class ObjectIO:
         size = hlen + n
         padded = round_up(size)
         _preallocate(fd, padded)
-        if n >= ALIGN and src.ctypes.data % ALIGN == 0:
+        if n >= ALIGN and src.ctypes.data % self.mem_align == 0:
             return self._write_direct_aligned(fd, template, src)
         buf = self.pool.take(padded)
         try:
@@ -405,7 +455,7 @@ class ObjectIO:
         and the data's xxh3-128 hex digest."""
         n = size - hlen
         hasher = xxh3_128()
-        aligned = dst.ctypes.data % ALIGN == 0
+        aligned = dst.ctypes.data % self.mem_align == 0
         span = round_up(hlen + min(n, READ_PIECE)) if not aligned else hlen + ALIGN
         buf = self.pool.take(span)
         stage = np.frombuffer(buf.view, dtype=np.uint8)
@@ -544,7 +594,7 @@ class ObjectIO:
             views.append(dst.data)
             _pread_exact(fd, views, 0 if with_head else hlen, n + len(head))
             return bytes(head)
-        if dst.ctypes.data % ALIGN == 0:
+        if dst.ctypes.data % self.mem_align == 0:
             return self._read_direct_aligned(fd, hlen, size, dst, with_head)
         start = 0 if with_head else hlen
         buf = self.pool.take(round_up(size - start))

@@ -277,6 +277,16 @@ class TierDir:
         link: a link or a non-directory found where a directory belongs is removed (the
         link itself) and replaced. Returns the relative parents (``""``: the root) whose
         entries changed and need an fsync to be durable."""
+        head, _, leaf = rel.rpartition("/")
+        if head and self._fast:
+            _split(rel)  # a plain relative path (raises otherwise)
+            # The usual case of a put: only the last directory is missing. Reach its
+            # parent in one call (no link on the way) and create it there; anything
+            # else (the parent missing too, something already at the name) takes the
+            # component-by-component walk below, which heals what it finds.
+            made = self._make_last_dir(head, leaf, mode, umask)
+            if made:
+                return [head]
         parents: list[str] = []
         fd = self.fd
         done: list[str] = []
@@ -302,6 +312,28 @@ class TierDir:
             if fd != self.fd:
                 os.close(fd)
         return parents
+
+    def _make_last_dir(self, head: str, name: str, mode: int, umask: int | None) -> bool:
+        """Create the directory ``name`` in the existing directory ``head``; ``False``
+        (nothing done) when ``head`` cannot be opened or ``name`` already exists."""
+        try:
+            dfd = self.open(head, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return False
+        try:
+            try:
+                os.mkdir(name, mode, dir_fd=dfd)
+            except (FileExistsError, FileNotFoundError):  # the walk settles these
+                return False
+            if umask is None or mode & umask:  # the umask took bits away: put them back
+                fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+                try:
+                    os.fchmod(fd, mode)
+                finally:
+                    os.close(fd)
+            return True
+        finally:
+            os.close(dfd)
 
     def _mkdir_open(self, dir_fd: int, name: str, mode: int, umask: int | None) -> int:
         try:

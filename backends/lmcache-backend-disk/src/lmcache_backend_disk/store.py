@@ -313,19 +313,48 @@ class DiskStore(DiskState):
     def _flush_written(self, writes: list[_Write]) -> None:
         """Flush and close the batch's temporary files left open by their writes (all
         written by now): the first flush commits the journal for all of them. A file that
-        fails to flush is removed and its write counts as failed (it is not published)."""
+        fails to flush is removed and its write counts as failed (it is not published).
+
+        The parents of directories created for the batch are fsynced in the same wave
+        (their new entries exist since the writes), so they join these flushes' journal
+        commit instead of adding calls to the wave after the renames."""
         todo = [(w, w.fd) for w in writes if w.fd is not None]
         for w, _ in todo:
             w.fd = None
+        dirs: list[str] = []
+        if self.opts.fsync:
+            dirs = sorted(
+                {d for w, _ in todo for d in w.new_dirs}, key=lambda p: (-p.count("/"), p)
+            )
+        calls: list[tuple[_Write | None, int | str]] = [(w, fd) for w, fd in todo if fd is not None]
+        calls += [(None, d) for d in dirs]
+
+        def flush(call: tuple[_Write | None, int | str]) -> None:
+            w, what = call
+            if w is None:
+                self.tier.fsync_dir(str(what))
+            else:
+                self.io.finish_temp(w.tmp, int(what))
+
         # run_all reports each call's exception instead of raising: every file is closed
-        errors = self._flusher.run_all(lambda wf: self.io.finish_temp(wf[0].tmp, wf[1]), todo)
-        for (w, _), exc in zip(todo, errors, strict=True):
+        errors = self._flusher.run_all(flush, calls)
+        dir_failed = False
+        for (w, what), exc in zip(calls, errors, strict=True):
             if exc is None:
+                continue
+            if w is None:
+                if not isinstance(exc, OSError):
+                    raise exc
+                dir_failed = True
+                log.warning("disk tier %s: fsync of %s failed: %s", self.root, what, exc)
                 continue
             w.written = False
             self.counters.store_failures += 1
             self._stats.errors += 1
             log.warning("disk tier %s: flushing %s failed: %s", self.root, w.rel, exc)
+        if dirs and not dir_failed:
+            for w, _ in todo:
+                w.new_dirs = ()  # durable already: not fsynced again after the renames
 
     def _publish_sync(self, writes: list[_Write]) -> list[bool]:
         """Rename written objects into place and record them; release all reservations."""

@@ -64,6 +64,7 @@ class GdsStripe(DiskBackend):
                 direct=io.direct,
                 durable=io.durable,
                 pool=io.pool,
+                mem_align=io.mem_align,
                 kvikio=kvikio,
                 task_size=self.task_size,
             )
