@@ -803,6 +803,12 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
     )
     if args.json:
         Path(args.json).write_text(json.dumps(res))
+    st = res.get("stats") or {}
+    print(
+        f"  saves: {st.get('gathered_chunks')} chunks gathered, {st.get('gathered_into_tier')} "
+        "of them into memory the cpu tier reserved (stored without further copies; the rest "
+        "through staging buffers: the tier had no recycled memory yet)"
+    )
     for what, unit, scale in (("ttft", "ms", 1e3), ("batch", "s", 1.0)):
         rows = res[what]
         on = [m["first"] for m in rows["on"]]

@@ -50,6 +50,7 @@ __all__ = [
     "PrefixLookups",
     "ProgressCallback",
     "Reconcilable",
+    "ReservedPuts",
     "RuntimeNote",
     "StorageBackend",
     "ThreadSafeBorrows",
@@ -69,7 +70,7 @@ __all__ = [
 
 #: The backend interface this lmcache-core provides (``major.minor``). A new optional
 #: protocol raises the minor version; a change to a required method raises the major.
-INTERFACE_VERSION = "1.1"
+INTERFACE_VERSION = "1.2"
 #: The oldest interface version a backend may declare and still load.
 MIN_INTERFACE_VERSION = "1.0"
 
@@ -342,6 +343,44 @@ class ThreadSafeBorrows(Protocol):
 
 
 @runtime_checkable
+class ReservedPuts(Protocol):
+    """Optional (interface 1.2), with :class:`ThreadSafeBorrows`: stores into memory the
+    backend lends first (``cpu`` has it), so a caller that produces a value (the vLLM
+    connector gathering a chunk from the paged cache) writes it once, into the memory
+    the tier then keeps, instead of into a buffer of its own that a put copies again.
+
+    ``try_reserve_threadsafe`` lends writable memory counted against the capacity and
+    visible under no key; the caller fills it and then either commits it under a key
+    (from then on it is an entry like any stored value: the caller must not write into
+    it any more) or aborts it (nothing becomes visible; the memory is recycled unless
+    the caller says something may still touch it). Every reservation ends exactly once;
+    a second commit or abort is a no-op. A commit may borrow the new entry (as
+    :meth:`ThreadSafeBorrows.try_borrow_threadsafe` does), so another reader (a
+    write-through to a lower tier) keeps reading the same memory until
+    :meth:`ThreadSafeBorrows.end_borrows`. All methods are safe from any thread.
+    Backends without it are stored through ``put`` (the hierarchy falls back to it).
+    """
+
+    def try_reserve_threadsafe(
+        self, dtype: torch.dtype, shape: Sequence[int], fresh: bool = True
+    ) -> tuple[object, torch.Tensor] | None:
+        """``(handle, writable tensor of dtype/shape)``, or ``None`` (no room, not started,
+        or with ``fresh=False`` no recycled memory at hand)."""
+        ...
+
+    def commit_reserved(
+        self, handle: object, key: CacheEngineKey, borrow: bool = False
+    ) -> tuple[bool, object | None]:
+        """Publish under ``key``: ``(stored, borrow handle or None)``; ``(False, None)``
+        when the reservation had ended (aborted, or the backend closed since)."""
+        ...
+
+    def abort_reserved(self, handle: object, reusable: bool = True) -> None:
+        """End the reservation with nothing stored (no-op once it ended)."""
+        ...
+
+
+@runtime_checkable
 class MaintainableBackend(Protocol):
     """Optional: scan, verify and delete stored objects, so that ``lmcache-core
     inspect/verify/gc`` work on a persistent tier (without it ``inspect`` reports the
@@ -427,6 +466,7 @@ OPTIONAL_PROTOCOLS: dict[type[Any], str] = {
     ThreadSafeContains: "thread-safe contains",
     ThreadSafePuts: "thread-safe puts",
     ThreadSafeBorrows: "thread-safe borrows (read-only views)",
+    ReservedPuts: "reserved puts (fill lent memory, then commit)",
     PrefixLookups: "prefix lookups with leases",
     ThreadSafeLookups: "thread-safe prefix lookups",
     PrefixContains: "native prefix check",
@@ -447,6 +487,7 @@ _NEEDS: dict[type[Any], type[Any]] = {
     Reconcilable: MaintainableBackend,
     OpensForMaintenance: MaintainableBackend,
     ThreadSafeLookups: PrefixLookups,
+    ReservedPuts: ThreadSafeBorrows,
 }
 
 

@@ -58,7 +58,7 @@ def test_first_party_classes_pass_and_name_their_capabilities():
     assert (cpu.problems, cpu.warnings, cpu.interface_version) == ([], [], INTERFACE_VERSION)
     assert cpu.optional == [
         "ThreadSafeLoads", "ThreadSafeContains", "ThreadSafePuts", "ThreadSafeBorrows",
-        "EvictionEvents", "Pinning", "BatchedPinning", "VictimSelection",
+        "ReservedPuts", "EvictionEvents", "Pinning", "BatchedPinning", "VictimSelection",
     ]  # fmt: skip
     disk = check_backend_class(DiskBackend)
     assert (disk.problems, disk.warnings) == ([], [])
@@ -140,13 +140,13 @@ def test_a_capability_without_the_one_it_needs_is_named():
 def test_an_unsupported_interface_version_names_the_supported_range(monkeypatch):
     assert check_backend_class(bad.FutureBackend).problems == [
         "lmcfix_iface_backends.FutureBackend implements backend interface 2.0, but this "
-        "lmcache-core supports backend interface 1.0 to 1.1"
+        "lmcache-core supports backend interface 1.0 to 1.2"
     ]
     assert interface_version_problem("1.0") is None
     assert interface_version_problem(None) is None
     assert interface_version_problem("one") == (
         "declares interface_version 'one', which is not 'major.minor' "
-        "(this lmcache-core supports backend interface 1.0 to 1.1)"
+        "(this lmcache-core supports backend interface 1.0 to 1.2)"
     )
     monkeypatch.setattr(interface, "INTERFACE_VERSION", "1.2")
     monkeypatch.setattr(interface, "MIN_INTERFACE_VERSION", "1.1")
@@ -162,7 +162,7 @@ def test_an_undeclared_interface_version_is_a_warning_only():
     check = check_backend_class(FixtureBackend)
     assert check.problems == []
     assert check.warnings == [
-        'lmcfix_backend.FixtureBackend declares no interface_version (add `interface_version = "1.1"`); assuming 1.1'
+        'lmcfix_backend.FixtureBackend declares no interface_version (add `interface_version = "1.2"`); assuming 1.2'
     ]
 
 
@@ -185,7 +185,7 @@ def test_a_configured_class_is_checked_where_it_is_named():
     assert ei.value.path == "tiers[0].backend_class"
     assert str(ei.value) == (
         "tiers[0].backend_class: lmcfix_iface_backends.FutureBackend implements backend "
-        "interface 2.0, but this lmcache-core supports backend interface 1.0 to 1.1"
+        "interface 2.0, but this lmcache-core supports backend interface 1.0 to 1.2"
     )
 
 
@@ -210,14 +210,14 @@ def test_backends_and_strict_plugins_show_the_interface_check(tmp_path):
     assert future["status"] == "failed"
     assert future["error"] == (
         "TypeError: lmcfix_iface_backends.FutureBackend implements backend interface 2.0, "
-        "but this lmcache-core supports backend interface 1.0 to 1.1"
+        "but this lmcache-core supports backend interface 1.0 to 1.2"
     )
     assert by_name(listing, "halfpins")["error"].endswith("has pin but not unpin")
     ok = by_name(listing, "tscontains")
     assert ok["status"] == "ok"
     assert ok["interface"] == {"version": "1.0", "optional": ["ThreadSafeContains"], "warnings": []}
     cpu = by_name(listing, "cpu")["interface"]
-    assert cpu["version"] == "1.1" and "Pinning" in cpu["optional"]
+    assert cpu["version"] == "1.2" and "Pinning" in cpu["optional"]
 
     table = run("backends", "tscontains", "--table", path=tmp_path)
     assert table.returncode == 0, table.stderr
@@ -225,10 +225,10 @@ def test_backends_and_strict_plugins_show_the_interface_check(tmp_path):
 
     strict = run("plugins", "--strict", "--table", path=tmp_path)
     assert strict.returncode == 1
-    assert "backend interface 1.1 (loads 1.0 to 1.1)" in strict.stdout
+    assert "backend interface 1.2 (loads 1.0 to 1.2)" in strict.stdout
     assert (
         "lmcfix-iface: failed: backend 'future': lmcfix_iface_backends.FutureBackend implements "
-        "backend interface 2.0, but this lmcache-core supports backend interface 1.0 to 1.1"
+        "backend interface 2.0, but this lmcache-core supports backend interface 1.0 to 1.2"
     ) in strict.stdout
     assert (
         "lmcfix-iface: failed: backend 'halfpins': lmcfix_iface_backends.HalfPinsBackend "

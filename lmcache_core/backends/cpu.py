@@ -20,6 +20,12 @@
   the thread-safe protocols of :mod:`lmcache_core.interface`): the index, reference counts and byte
   accounting are guarded by a lock that the loop-side bookkeeping also takes; the copies
   themselves run outside it, into buffers no reader can see yet.
+* Reserved puts (:class:`~lmcache_core.interface.ReservedPuts`): ``try_reserve_threadsafe``
+  lends memory the tier keeps (recycled, already faulted in with ``fresh=False``), the
+  caller fills it (the vLLM connector gathers a chunk straight into it) and
+  ``commit_reserved`` publishes it under a key, optionally borrowed so a write-through
+  to a lower tier reads the same memory; ``abort_reserved`` ends it with nothing
+  visible. A value stored this way is never copied inside the tier.
 """
 
 from __future__ import annotations
@@ -109,6 +115,19 @@ class _Entry:
         return self.mem.data.view(self.dtype).view(self.shape)
 
 
+class _Reservation:
+    """Memory reserved for one value, filled by the caller (see ``try_reserve_threadsafe``)."""
+
+    __slots__ = ("dtype", "generation", "mem", "open", "shape")
+
+    def __init__(self, mem: Buffer, dtype: torch.dtype, shape: torch.Size, generation: int) -> None:
+        self.mem = mem
+        self.dtype = dtype
+        self.shape = shape
+        self.generation = generation
+        self.open = True  # neither committed nor aborted yet
+
+
 def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
     flat = t.reshape(-1)
     return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
@@ -149,7 +168,7 @@ class CPUBackend(BaseBackend):
 
     Options = CPUOptions
     capabilities = Capabilities(bounded=True, zero_copy=False)
-    interface_version = "1.1"  # the lmcache_core.interface version it implements
+    interface_version = "1.2"  # the lmcache_core.interface version it implements
     # Counters of stores made from other threads (try_batched_put_threadsafe), under _lock.
     _thread_puts = 0
     _thread_put_bytes = 0
@@ -180,6 +199,11 @@ class CPUBackend(BaseBackend):
         # bookkeeping helpers nest.
         self._lock = threading.RLock()
         self._npins = 0
+        # Bumped by close: a reservation taken before it commits nothing after it.
+        self._generation = 0
+        self._reservations = 0  # reservations taken and not yet committed or aborted
+        self._committed = 0
+        self._aborted = 0
         self._thread_hits = 0
         self._thread_misses = 0
         self._thread_bytes = 0
@@ -195,6 +219,8 @@ class CPUBackend(BaseBackend):
 
     async def _close(self) -> None:
         with self._lock:
+            self._generation += 1
+            self._reservations = 0
             self._entries.clear()
             self._npins = 0
             self._pool.clear()
@@ -221,12 +247,14 @@ class CPUBackend(BaseBackend):
     # The bound: self._used (live entries, stale ones until released) + self._pool.bytes
     # (recycled buffers) + self._reserved (buffers being filled) <= max_bytes, each
     # buffer charged its Buffer.cost (see host_buffers.py).
-    def _alloc_locked(self, nbytes: int) -> Buffer | None:
+    def _alloc_locked(self, nbytes: int, fresh: bool = True) -> Buffer | None:
         """A buffer for ``nbytes``, recycled when possible; ``None`` if no room (or memory).
 
         Entries are evicted only while even an empty pool would leave no room; each
         eviction's buffer joins the pool, and the best pooled buffer is then reused (one of
         the exact size, else a map resized), the rest dropped as far as the bound needs.
+        ``fresh=False``: only a recycled buffer of the exact size (memory already faulted
+        in), else ``None``.
         """
         pool = self._pool
         buf = pool.take(nbytes)
@@ -239,6 +267,8 @@ class CPUBackend(BaseBackend):
             buf = pool.take(nbytes)
             if buf is not None:
                 return buf
+        if not fresh:
+            return None
         if self._used + pool.bytes + self._reserved + cost > self.max_bytes:
             buf = pool.take_resized(nbytes)
         while pool.count and self._used + pool.bytes + self._reserved + cost > self.max_bytes:
@@ -643,6 +673,88 @@ class CPUBackend(BaseBackend):
             for h in handles:
                 self._unuse(h)  # type: ignore[arg-type]
 
+    # ------------------------------------------------------------------ reserved puts
+    def try_reserve_threadsafe(
+        self, dtype: torch.dtype, shape: Sequence[int], fresh: bool = True
+    ) -> tuple[object, torch.Tensor] | None:
+        """Memory for one value of ``dtype``/``shape``, for the caller to fill, with a
+        handle for :meth:`commit_reserved` or :meth:`abort_reserved`; ``None`` when there
+        is no room (everything in use), the value is empty or larger than the capacity, or
+        the backend is not started. Safe from any thread.
+
+        The memory is taken like a put's (recycled, evicting the least recently used
+        entries for room) and counted against ``max_bytes`` until the reservation ends;
+        nothing is visible under any key until the commit. ``fresh=False`` takes only a
+        recycled buffer (memory already faulted in), never new memory.
+        """
+        shape = torch.Size(shape)
+        nbytes = shape.numel() * torch.empty((), dtype=dtype).element_size()
+        if self._state != "started" or nbytes == 0 or self._pool.cost(nbytes) > self.max_bytes:
+            return None
+        with self._lock:
+            buf = self._alloc_locked(nbytes, fresh=fresh)
+            if buf is None:
+                return None
+            self._reserved += buf.cost
+            self._reservations += 1
+            res = _Reservation(buf, dtype, shape, self._generation)
+        return res, buf.data.view(dtype).view(shape)
+
+    def commit_reserved(
+        self, handle: object, key: CacheEngineKey, borrow: bool = False
+    ) -> tuple[bool, object | None]:
+        """Publish a filled reservation under ``key`` (replacing any entry of it), as a put
+        would. Returns ``(stored, borrow handle)``: with ``borrow=True`` the new entry is
+        also borrowed, as by :meth:`try_borrow_threadsafe` (never evicted, recycled or
+        overwritten in place until :meth:`end_borrows` of that handle), so that another
+        reader (a write-through to a lower tier) may keep reading the tensor the
+        reservation lent. ``(False, None)`` when the reservation ended already or the
+        backend was closed since. Safe from any thread; an invalid key raises with the
+        reservation aborted."""
+        res = self._reservation(handle)
+        try:
+            check_key_size(key)
+        except KeyFormatError:
+            self.abort_reserved(res)
+            raise
+        with self._lock:
+            if not res.open:
+                return False, None
+            res.open = False
+            if res.generation != self._generation or self._state != "started":
+                return False, None
+            self._reserved -= res.mem.cost
+            self._reservations -= 1
+            entry = _Entry(res.mem, res.dtype, res.shape)
+            self._install(key, entry)
+            if borrow:
+                entry.users += 1
+            self._committed += 1
+            self._thread_puts += 1
+            self._thread_put_bytes += entry.nbytes
+        return True, (entry if borrow else None)
+
+    def abort_reserved(self, handle: object, reusable: bool = True) -> None:
+        """End a reservation without storing anything (no-op once it ended).
+        ``reusable=False``: something may still write into or read the memory (a copy
+        that could not be stopped), so it is never recycled. Safe from any thread."""
+        res = self._reservation(handle)
+        with self._lock:
+            if not res.open:
+                return
+            res.open = False
+            if res.generation != self._generation:
+                return
+            self._reservations -= 1
+            self._aborted += 1
+            self._end_reservation(res.mem, recycle=reusable)
+
+    @staticmethod
+    def _reservation(handle: object) -> _Reservation:
+        if not isinstance(handle, _Reservation):
+            raise TypeError(f"not a reservation of this backend: {handle!r}")
+        return handle
+
     # ------------------------------------------------------------------ thread-safe lookups
     def try_batched_contains_threadsafe(
         self, keys: Sequence[CacheEngineKey]
@@ -735,6 +847,9 @@ class CPUBackend(BaseBackend):
             d["rejected_puts"] += self._thread_rejected_puts
             d["threadsafe_hits"] = self._thread_hits
             d["pinned_entries"] = self._npins
+            d["reservations"] = self._reservations
+            d["reservations_committed"] = self._committed
+            d["reservations_aborted"] = self._aborted
         return d
 
     def entry_cost(self, nbytes: int) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+from collections.abc import Callable
 
 import torch
 
@@ -161,13 +162,25 @@ class StagedChunk:
     The buffer goes back to its pool when the last reference is released, unless a store
     took it (``donate=True``): the last store of a chunk donates it to its backend, which
     may then keep the memory instead of copying it (the ``cpu`` backend does).
+
+    With ``on_release`` the value is memory someone else owns and lends (an entry of the
+    top tier, borrowed while lower tiers write it through): ``on_release()`` runs once
+    after the last reference is released (it ends the borrow), and the value is never
+    donated. A release with ``reusable=False`` (a thread may still read the value) skips
+    it: the lender then never reuses that memory.
     """
 
-    __slots__ = ("_pool", "_refs", "value")
+    __slots__ = ("_on_release", "_pool", "_refs", "value")
 
-    def __init__(self, value: torch.Tensor, pool: StagingPool | None) -> None:
+    def __init__(
+        self,
+        value: torch.Tensor,
+        pool: StagingPool | None,
+        on_release: Callable[[], None] | None = None,
+    ) -> None:
         self.value = value
         self._pool = pool
+        self._on_release = on_release
         self._refs = 1
 
     def retain(self) -> StagedChunk:
@@ -175,8 +188,9 @@ class StagedChunk:
         return self
 
     def exclusive(self) -> bool:
-        """Whether only one holder is left (it may donate the value)."""
-        return self._refs == 1
+        """Whether only one holder is left and the value is the hierarchy's own (that
+        holder may donate it)."""
+        return self._refs == 1 and self._on_release is None
 
     def donated(self) -> None:
         """The value was donated to a backend: never reuse its memory."""
@@ -184,13 +198,19 @@ class StagedChunk:
 
     def release(self, reusable: bool = True) -> None:
         """Drop one reference. ``reusable=False`` (a store was cancelled mid-copy, a thread
-        may still read the buffer) keeps the buffer out of the pool."""
+        may still read the buffer) keeps the buffer out of the pool (and a lent value
+        with its lender, never handed back)."""
         self._refs -= 1
-        if self._refs == 0 and self._pool is not None and reusable:
-            self._pool.give(self.value)
+        if not reusable:
             self._pool = None
-        elif not reusable:
-            self._pool = None
+            self._on_release = None
+        if self._refs == 0:
+            if self._pool is not None:
+                self._pool.give(self.value)
+                self._pool = None
+            done, self._on_release = self._on_release, None
+            if done is not None:
+                done()
 
 
 class CopyBudget:

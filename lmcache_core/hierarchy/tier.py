@@ -12,6 +12,7 @@ buffer recycled afterwards) and can never write into the caller's buffer later.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -425,6 +426,33 @@ class Tier:
         else:
             self.stats.store_failures += 1
         return bool(ok)
+
+    def commit_reserved(
+        self, key: CacheEngineKey, handle: object, nbytes: int, borrow: bool
+    ) -> tuple[bool, object | None]:
+        """Publish a reservation of this tier's backend
+        (:class:`~lmcache_core.interface.ReservedPuts`) under ``key``, counted as a store
+        the caller awaited (:meth:`put_now`); a backend error counts as a failed store
+        (the reservation is then aborted). ``(stored, borrow handle)``."""
+        t0 = time.perf_counter()
+        try:
+            ok, handle_out = self.backend.commit_reserved(handle, key, borrow)
+        except Exception as exc:
+            self._failed("store", exc)
+            ok, handle_out = False, None
+            with contextlib.suppress(Exception):  # already counted: the tier is failing
+                self.backend.abort_reserved(handle, False)
+        else:
+            self._succeeded()
+        self.stats.store_latency.add(time.perf_counter() - t0)
+        if ok:
+            self.stats.stores += 1
+            self.stats.bytes_in += nbytes
+            if self.placement is not None:
+                self.placement.stored(key, nbytes)
+        else:
+            self.stats.store_failures += 1
+        return bool(ok), handle_out
 
     async def remove(self, key: CacheEngineKey) -> bool:
         """Remove ``key``, after any background store of it has finished."""

@@ -21,6 +21,11 @@ suite runs against it unchanged). Tiers come from the configuration
   Nth sighting. Background stores never delay the caller beyond one copy of the value;
   each tier's queue is bounded (``max_queue``, ``max_queue_latency_ms``) and sheds new
   stores when full (counted as ``dropped_stores``). Loads are never shed.
+* **Reserved stores.** :meth:`TieredHierarchy.reserve_in_top_threadsafe` lends memory of
+  a top tier with :class:`~lmcache_core.interface.ReservedPuts` (``cpu``) for a chunk the
+  caller then writes itself; :meth:`TieredHierarchy.put_reserved` publishes that memory
+  in the top tier and hands the write-through tiers the same memory, borrowed until
+  their stores ended: no copy at all (the vLLM connector's saves gather into it).
 * **Failures.** A tier raising an ``Exception`` gives misses, skipped lookups or dropped
   stores, counted as ``errors``, and is skipped with exponential backoff until a retry
   succeeds; the caller never sees the exception (``asyncio.CancelledError`` and
@@ -60,12 +65,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..backend import BaseBackend, Capabilities
+from ..backend import BaseBackend, Capabilities, _check_put_key
 from ..config import CacheConfig, load_config
 from ..config.namespaces import namespace_label, namespace_warnings, resolve_namespace
 from ..errors import ConfigError
 from ..interface import (
     EvictionEvents,
+    ReservedPuts,
     ThreadSafeBorrows,
     ThreadSafeContains,
     ThreadSafeLoads,
@@ -84,7 +90,7 @@ from .tier import Tier
 if TYPE_CHECKING:
     from ..placement.wiring import ChainBook
 
-__all__ = ["EvictionListener", "PrefixLookup", "TieredHierarchy"]
+__all__ = ["EvictionListener", "PrefixLookup", "Reservation", "TieredHierarchy"]
 
 #: ``listener(tier_name, key)``: called after ``key`` was evicted from that tier for capacity.
 EvictionListener = Callable[[str, CacheEngineKey], None]
@@ -121,6 +127,45 @@ class PrefixLookup:
         for t in self.tiers:
             out[self.tier_names[t]] += 1
         return out
+
+
+class Reservation:
+    """Memory of the top tier lent for one chunk (:meth:`TieredHierarchy.reserve_in_top_threadsafe`).
+
+    Fill ``value`` (a writable tensor of the requested dtype and shape), then either
+    :meth:`TieredHierarchy.put_reserved` it or :meth:`abort` it. It ends exactly once:
+    later aborts are no-ops. Nothing is visible under any key before the commit."""
+
+    __slots__ = ("_backend", "_lock", "_open", "handle", "value")
+
+    def __init__(self, value: torch.Tensor, handle: object, backend: Any) -> None:
+        self.value = value
+        self.handle = handle
+        self._backend = backend
+        self._open = True
+        self._lock = threading.Lock()
+
+    @property
+    def open(self) -> bool:
+        """Neither committed nor aborted yet."""
+        return self._open
+
+    def ended(self) -> None:
+        """The backend took over the reservation (committed it, or aborted it itself)."""
+        with self._lock:
+            self._open = False
+
+    def abort(self, reusable: bool = True) -> None:
+        """Give the memory back with nothing stored (a no-op once ended). ``reusable=False``
+        when something may still read or write it: the tier then never recycles it."""
+        with self._lock:
+            if not self._open:
+                return
+            self._open = False
+        try:
+            self._backend.abort_reserved(self.handle, reusable)
+        except Exception:
+            log.exception("aborting a reservation failed")
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -615,14 +660,7 @@ class TieredHierarchy(BaseBackend):
     async def _put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
         top = self.tiers[0]
         nbytes = _nbytes(value)
-        lower = [
-            t
-            for t in self.tiers[1:]
-            if t.policy == "through"
-            and not (self.content_addressed and self._holds_already(t, key))
-            and t.admits(key, nbytes)
-            and t.accepting()
-        ]
+        lower = self._through_targets(key, nbytes)
         stored = False
         if top.admits(key, nbytes):
             stored = await top.put_now(key, value, donate and not lower)
@@ -632,6 +670,110 @@ class TieredHierarchy(BaseBackend):
                 t.enqueue(key, chunk, "through")
             chunk.release()
         return stored
+
+    # ------------------------------------------------------------------ reserved stores
+    def reserve_in_top_threadsafe(
+        self, dtype: torch.dtype, shape: Sequence[int], fresh: bool = True
+    ) -> Reservation | None:
+        """Memory of the top tier for one chunk of ``dtype``/``shape``, for the caller to
+        fill from its own thread and then store with :meth:`put_reserved` (or give back
+        with :meth:`Reservation.abort`): the chunk is then written once, into memory the top
+        tier keeps, and write-through tiers read that same memory instead of a staging
+        copy. ``None`` when the top tier cannot lend (no
+        :class:`~lmcache_core.interface.ReservedPuts`, a codec, failing, a placement
+        policy or a ``back`` tier below: evictions from a thread would need them) or has
+        no room (with ``fresh=False``: no recycled memory at hand); the caller then
+        stores with ``put``. Nothing is visible to any lookup or load before the commit.
+        """
+        if self._state != "started":
+            return None
+        top = self.tiers[0]
+        if (
+            not implements(top.backend, ReservedPuts)
+            or top.codec is not None
+            or not top.started
+            or top.health.consecutive_errors
+            or top.placement is not None
+            or any(t.policy == "back" for t in self.tiers[1:])
+        ):
+            return None
+        try:
+            res = top.backend.try_reserve_threadsafe(dtype, shape, fresh)
+        except Exception:
+            return None
+        if res is None:
+            return None
+        handle, value = res
+        return Reservation(value, handle, top.backend)
+
+    async def put_reserved(self, key: CacheEngineKey, res: Reservation) -> bool:
+        """Store a filled reservation under ``key`` (:meth:`reserve_in_top_threadsafe`): like
+        ``put`` of ``res.value``, without its copies. The top tier publishes the memory
+        itself; each write-through tier gets a background store reading that memory,
+        borrowed from the top tier (never evicted, recycled or overwritten in place until
+        the last such store ended). When the top tier does not store it (not admitted, an
+        error) the write-through tiers get a staged copy, as ``put`` gives them, and the
+        reservation is aborted. The reservation ends here in every case, a call cancelled
+        while it runs included (one cancelled before it started never saw it: the
+        caller aborts it then; an abort is a no-op once ended). The caller must not write
+        into ``res.value`` any more."""
+        try:
+            self._check()
+            _check_put_key(key)
+            return await self._put_reserved(key, res)
+        except asyncio.CancelledError:
+            res.abort(reusable=False)  # a staging copy may still read it
+            raise
+        finally:
+            res.abort()
+
+    def _through_targets(self, key: CacheEngineKey, nbytes: int) -> list[Tier]:
+        """The write-through tiers a store of ``key`` goes to (admission recorded)."""
+        return [
+            t
+            for t in self.tiers[1:]
+            if t.policy == "through"
+            and not (self.content_addressed and self._holds_already(t, key))
+            and t.admits(key, nbytes)
+            and t.accepting()
+        ]
+
+    async def _put_reserved(self, key: CacheEngineKey, res: Reservation) -> bool:
+        top = self.tiers[0]
+        value = res.value
+        nbytes = _nbytes(value)
+        lower = self._through_targets(key, nbytes)
+        stored, borrow = False, None
+        if top.admits(key, nbytes):
+            stored, borrow = top.commit_reserved(key, res.handle, nbytes, bool(lower))
+            res.ended()
+        self._count_reserved_put(stored, nbytes)
+        if lower:
+            if borrow is not None:
+                chunk = StagedChunk(value, None, self._borrow_ender(top, borrow))
+            else:
+                chunk = await self._stage(value)
+            for t in lower:
+                t.enqueue(key, chunk, "through")
+            chunk.release()
+        return stored
+
+    def _count_reserved_put(self, stored: bool, nbytes: int) -> None:
+        if stored:
+            self._stats.puts += 1
+            self._stats.bytes_written += nbytes
+        else:
+            self._stats.rejected_puts += 1
+
+    @staticmethod
+    def _borrow_ender(tier: Tier, handle: object) -> Callable[[], None]:
+        def end() -> None:
+            try:
+                tier.backend.end_borrows([handle])
+            except Exception:  # never break a store's clean-up
+                log.exception("tier %r: ending a write-through borrow failed", tier.name)
+
+        return end
 
     def add_eviction_listener(self, listener: EvictionListener) -> Callable[[], None]:
         """Call ``listener(tier_name, key)`` after each capacity eviction in any tier that

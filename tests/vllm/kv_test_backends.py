@@ -99,6 +99,15 @@ class FaultyCPUBackend(CPUBackend):
         await self.control.delay("put")
         return await super()._put(key, value, donate)
 
+    def try_reserve_threadsafe(
+        self, dtype: torch.dtype, shape: Sequence[int], fresh: bool = True
+    ) -> tuple[object, torch.Tensor] | None:
+        # Stores are delayed in _put: while a delay is set, no reserved puts (they would
+        # bypass it), so saves take the copying path the delay applies to.
+        if float(self.control.get().get("put_delay_s", 0.0)) > 0:
+            return None
+        return super().try_reserve_threadsafe(dtype, shape, fresh)
+
     def try_batched_get_into_threadsafe(
         self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor]
     ) -> list[bool | None] | None:

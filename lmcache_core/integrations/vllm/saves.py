@@ -1,12 +1,23 @@
 """A worker's saves: gathered inside the step, stored in the background.
 
-:meth:`SaveQueue.submit` runs in ``wait_for_save``: it takes a staging buffer (none
-free: the save is dropped and counted, never waited for), gathers the chunk's blocks of
-every layer into it (one copy per chunk; on CUDA an asynchronous copy on a side stream)
+:meth:`SaveQueue.submit` runs in ``wait_for_save``: it takes memory of the first tier
+reserved for the chunk (recycled memory the tier keeps:
+:meth:`~lmcache_core.hierarchy.tiered.TieredHierarchy.reserve_in_top_threadsafe`), else a
+staging buffer (none free: the save is dropped and counted, never waited for), gathers
+the chunk's blocks of every layer into it (one copy per chunk; on CUDA an asynchronous
+copy on a side stream)
 and hands the step's stores to the storage's IO loop in one call (a hand-over to another
 thread costs ~0.3 ms here: one per step, not one per chunk). The step returns; the store into the
 first tier and the write-through to lower tiers run meanwhile. A chunk counts as stored
 (:meth:`take_stored`) only once the first tier holds it.
+
+A chunk gathered into reserved memory is stored without further copies: the first tier
+publishes that memory (``put_reserved``) and write-through tiers read it, borrowed. A
+reservation whose gather failed, or whose store is refused or cancelled, is aborted:
+nothing becomes visible. From a staging buffer the store copies the chunk into the tier
+(and once more for the write-through), as before; that path serves the memory tier's
+fill-up (no recycled memory yet: page faults stay off the engine thread), tiers that
+cannot lend and ``use_reservations = False``.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ...hierarchy.tiered import Reservation
 from ...keys import CacheEngineKey
 from .group_copier import GroupedCopier
 from .layout import BlockCopier
@@ -40,6 +52,16 @@ class SaveItem:
     chunk_index: int
     block_ids: list[int]
     other_blocks: list[list[int]] = field(default_factory=list)  # other KV-cache groups
+
+
+@dataclass
+class _Gathered:
+    """One gathered chunk: into ``res.value`` when reserved, else into a staging buffer."""
+
+    item: SaveItem
+    buf: torch.Tensor
+    event: Any
+    res: Reservation | None
 
 
 class SaveQueue:
@@ -65,7 +87,12 @@ class SaveQueue:
         self._stored: list[tuple[int, int, Any]] = []
         self._refused: list[tuple[str, int]] = []
         # Items gathered and not yet finished (by id), and the batches storing them.
-        self._pending: dict[int, tuple[SaveItem, torch.Tensor]] = {}
+        self._pending: dict[int, tuple[SaveItem, torch.Tensor, Reservation | None]] = {}
+        #: Gather into memory reserved in the first tier when it can lend (one copy).
+        self.use_reservations = True
+        self._open_reservations = 0
+        #: Chunks gathered into reserved memory (the rest went through staging buffers).
+        self.reserved = 0
         self._batches: set[concurrent.futures.Future[Any]] = set()
         self._events: dict[str, list[Any]] = {}
         self.gathered = 0
@@ -89,25 +116,35 @@ class SaveQueue:
         """Gather ``items`` and queue their stores (one hand-over to the IO loop for the
         whole list); returns those dropped for lack of a buffer."""
         dropped: list[SaveItem] = []
-        batch: list[tuple[SaveItem, torch.Tensor, Any]] = []
+        batch: list[_Gathered] = []
         nbytes = self.buffers.nbytes
         t0 = time.perf_counter()
         try:
             for item in items:
-                buf = self.buffers.take()
+                res = None if self._full() else self._reserve()
+                buf = res.value if res is not None else None
+                if res is None and not self._full():
+                    buf = self.buffers.take()
                 if buf is None:
                     dropped.append(item)
                     continue
                 try:
                     event = self.copier.gather_to_host(item.block_ids, buf, item.other_blocks)
                 except BaseException:
-                    self.buffers.give(buf)
+                    if res is not None:
+                        res.abort()  # nothing visible: the failed gather is never stored
+                        with self._lock:
+                            self._open_reservations -= 1
+                    else:
+                        self.buffers.give(buf)
                     raise
                 self.gathered += 1
                 self.gathered_bytes += nbytes
+                if res is not None:
+                    self.reserved += 1
                 if event is not None:
                     self._events.setdefault(item.req_id, []).append(event)
-                batch.append((item, buf, event))
+                batch.append(_Gathered(item, buf, event, res))
         finally:
             self.gather_seconds += time.perf_counter() - t0
             if batch:
@@ -115,30 +152,51 @@ class SaveQueue:
         self.dropped_full += len(dropped)
         return dropped
 
-    def _queue(self, batch: list[tuple[SaveItem, torch.Tensor, Any]]) -> None:
+    def _reserve(self) -> Reservation | None:
+        """Memory of the first tier for one chunk, within the same bound as the staging
+        buffers (chunks gathered and not yet stored, either way, never exceed it)."""
+        if not self.use_reservations:
+            return None
+        res = self.storage.reserve_in_memory(self.buffers.dtype, self.buffers.shape)
+        if res is not None:
+            with self._lock:
+                self._open_reservations += 1
+        return res
+
+    def _full(self) -> bool:
+        """Whether as many chunks are gathered and not yet stored as staging buffers exist."""
         with self._lock:
-            for item, buf, _ in batch:
-                self._pending[id(item)] = (item, buf)
+            return self._open_reservations + self.buffers.in_use >= self.buffers.max_buffers
+
+    def _queue(self, batch: list[_Gathered]) -> None:
+        with self._lock:
+            for g in batch:
+                self._pending[id(g.item)] = (g.item, g.buf, g.res)
         try:
             fut = self.storage.submit(self._store_all(batch))
         except BaseException:
-            for item, _, _ in batch:
-                self._finish(item, False, None)
+            for g in batch:
+                self._finish(g.item, False, None)
             raise
         with self._lock:
             self._batches.add(fut)
         fut.add_done_callback(lambda f: self._batch_done(f, batch))
 
-    async def _store_all(self, batch: list[tuple[SaveItem, torch.Tensor, Any]]) -> None:
-        await asyncio.gather(*(self._store(item, buf, event) for item, buf, event in batch))
+    async def _store_all(self, batch: list[_Gathered]) -> None:
+        await asyncio.gather(*(self._store(g.item, g.buf, g.event, g.res) for g in batch))
 
-    async def _store(self, item: SaveItem, buf: torch.Tensor, event: Any) -> None:
+    async def _store(
+        self, item: SaveItem, buf: torch.Tensor, event: Any, res: Reservation | None
+    ) -> None:
         ok, extra = False, None
         try:
             if event is not None:
                 await asyncio.to_thread(event.synchronize)
             t0 = time.perf_counter()
-            ok = bool(await self.storage.hierarchy.put(item.key, buf))
+            if res is not None:
+                ok = bool(await self.storage.hierarchy.put_reserved(item.key, res))
+            else:
+                ok = bool(await self.storage.hierarchy.put(item.key, buf))
             dt = time.perf_counter() - t0
             self.store_seconds += dt
             if ok and len(self._observations) < 4096:
@@ -160,14 +218,25 @@ class SaveQueue:
             else:
                 self._refused.append((item.req_id, item.chunk_index))
                 self.refused += 1
-        self.buffers.give(entry[1])
+        _, buf, res = entry
+        if res is None:
+            self.buffers.give(buf)
+        else:
+            with self._lock:
+                self._open_reservations -= 1
+            # (a no-op once stored or refused by put_reserved; a batch cancelled before it
+            # ran ends its reservations here, nothing visible)
+            res.abort(reusable=self._gather_done(item))
 
-    def _batch_done(
-        self, fut: concurrent.futures.Future[Any], batch: list[tuple[SaveItem, torch.Tensor, Any]]
-    ) -> None:
+    def _gather_done(self, item: SaveItem) -> bool:
+        """Whether no device copy can still write into ``item``'s memory."""
+        events = self._events.get(item.req_id)
+        return not events or all(ev.query() for ev in events)
+
+    def _batch_done(self, fut: concurrent.futures.Future[Any], batch: list[_Gathered]) -> None:
         # A batch cancelled before it ran never reached its items: they end here.
-        for item, _, _ in batch:
-            self._finish(item, False, None)
+        for g in batch:
+            self._finish(g.item, False, None)
         with self._lock:
             self._batches.discard(fut)
 

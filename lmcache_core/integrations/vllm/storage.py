@@ -25,8 +25,10 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import torch
+
 from ...config import CacheConfig, load_config
-from ...hierarchy.tiered import PrefixLookup, TieredHierarchy
+from ...hierarchy.tiered import PrefixLookup, Reservation, TieredHierarchy
 from ...keys import CacheEngineKey, Namespace
 from ...sync import SyncBackend
 
@@ -217,6 +219,13 @@ class Storage:
     def end_borrows(self, handles: Sequence[object]) -> None:
         """End borrows taken by :meth:`borrow_from_memory`."""
         self.hierarchy.end_borrows(handles)
+
+    def reserve_in_memory(self, dtype: torch.dtype, shape: Sequence[int]) -> Reservation | None:
+        """Recycled memory of the first tier for one chunk (already faulted in: never
+        fresh memory, whose page faults would then land on the caller's thread), to
+        gather into and store with ``hierarchy.put_reserved``; ``None`` when the tier
+        cannot lend or has none at hand (store a buffer of your own then)."""
+        return self.hierarchy.reserve_in_top_threadsafe(dtype, shape, fresh=False)
 
     # ------------------------------------------------------------------ blocking calls
     def lookup(self, keys: Sequence[CacheEngineKey], lease_s: float | None = None) -> Lookup:

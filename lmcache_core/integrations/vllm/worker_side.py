@@ -781,6 +781,8 @@ class WorkerSide:
             "saved_chunks": sv.stored if sv is not None else 0,
             "saved_bytes": sv.stored_bytes if sv is not None else 0,
             "gathered_chunks": sv.gathered if sv is not None else 0,
+            # (of those, gathered into memory the first tier reserved: stored without copies)
+            "gathered_into_tier": sv.reserved if sv is not None else 0,
             "rejected_saves": sv.refused if sv is not None else 0,
             "dropped_saves_staging_full": sv.dropped_full if sv is not None else 0,
             "skipped_saves": c.skipped_saves,
