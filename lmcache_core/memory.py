@@ -17,7 +17,14 @@ import mmap
 
 import torch
 
-__all__ = ["as_bytes", "copy_into", "pinned_available", "populated_empty", "staging_empty"]
+__all__ = [
+    "as_bytes",
+    "copy_into",
+    "mapped_empty",
+    "pinned_available",
+    "populated_empty",
+    "staging_empty",
+]
 
 _memmove = ctypes.memmove
 
@@ -72,16 +79,23 @@ def populated_empty(nbytes: int) -> torch.Tensor:
     faulted in (``benchmarks/bench_copy.py --fresh``). Where the ``madvise`` is not
     available the pages fault on first use, as ``torch.empty``'s do. The tensor keeps the
     mapping alive."""
+    t = mapped_empty(nbytes)
+    if _madvise is not None and nbytes > 0:
+        _madvise(t.data_ptr(), nbytes, _MADV_POPULATE_WRITE)  # (failure: faults on first use)
+    return t
+
+
+def mapped_empty(nbytes: int) -> torch.Tensor:
+    """``nbytes`` of fresh host memory as a flat uint8 tensor over its own private anonymous
+    mapping: page-aligned (so ``O_DIRECT`` can write from it without a bounce copy) and
+    cheap to make; its pages fault in on first use. ``torch.empty`` where mapping fails."""
     if nbytes <= 0:
         return torch.empty(0, dtype=torch.uint8)
     try:
         m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except (OSError, ValueError, AttributeError):
         return torch.empty(nbytes, dtype=torch.uint8)
-    t = torch.frombuffer(m, dtype=torch.uint8, count=nbytes)
-    if _madvise is not None:
-        _madvise(t.data_ptr(), nbytes, _MADV_POPULATE_WRITE)  # (failure: faults on first use)
-    return t
+    return torch.frombuffer(m, dtype=torch.uint8, count=nbytes)
 
 
 def pinned_available() -> bool:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 from ..blob import lower_thread_priority
-from ..memory import copy_into, populated_empty
+from ..memory import copy_into, mapped_empty, populated_empty
 
 __all__ = ["CopyBudget", "StagedChunk", "StagingPool"]
 
@@ -47,7 +47,7 @@ class StagingPool:
         *,
         spare_bytes: int = 32 << 20,
         spare_min_nbytes: int = 1 << 20,
-        spare_nice: int = 5,
+        spare_nice: int = 19,
     ) -> None:
         self.max_free_bytes = max_free_bytes
         self.spare_bytes = min(spare_bytes, max_free_bytes)
@@ -79,7 +79,11 @@ class StagingPool:
             self._want(nbytes)  # (a spare taken or missing: the top-up refills the size)
         if buf is not None:
             return buf
-        return populated_empty(nbytes) if large else torch.empty(nbytes, dtype=torch.uint8)
+        if not large:
+            return torch.empty(nbytes, dtype=torch.uint8)
+        # Page-aligned but not faulted in here: the caller (the event loop) hands the
+        # copy to a thread, which takes the page faults; only spares are faulted in ahead.
+        return mapped_empty(nbytes)
 
     def take_like(self, like: torch.Tensor) -> torch.Tensor:
         """A recycled buffer viewed with ``like``'s dtype and shape."""
