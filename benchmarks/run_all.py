@@ -33,6 +33,7 @@ SMALL: dict[str, list[str]] = {
     "bench_hierarchy": ["--rounds", "3", "--iters", "50"],
     "bench_load_copy": ["--chunks", "2", "--rounds", "2", "--block", "1"],
     "bench_placement": ["--chunks", "20000", "--rounds", "3"],
+    "bench_save_copy": ["--chunks", "4", "--rounds", "2", "--layers", "2"],
     "bench_s3": ["--reps", "1", "--sizes", "4", "--concurrency", "1,4"],
     "bench_sync": ["--rounds", "3", "--block", "10"],
     "bench_token_db": [],
