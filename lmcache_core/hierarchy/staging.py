@@ -34,11 +34,13 @@ class StagingPool:
     A buffer donated to a memory tier never comes back, so every promotion and
     write-through of a new chunk into a memory tier takes fresh memory, and on this kind
     of machine the page faults of fresh memory cost ~10x the copy itself (see
-    :func:`~lmcache_core.memory.populated_empty`). So buffers of ``spare_min_nbytes`` or
-    more are allocated already faulted in, and after each such allocation a background
-    thread (at a lower priority) tops the size's free list up to ``spare_bytes``: a load
-    that promotes a few chunks copies into memory that is already there instead of
-    faulting it in on the load's path. ``spare_bytes=0`` turns the background top-up off.
+    :func:`~lmcache_core.memory.populated_empty`). So after each take of a buffer of
+    ``spare_min_nbytes`` or more, a background thread (at ``spare_nice``, the lowest
+    priority by default) tops the size's free list up to ``spare_bytes`` with buffers
+    already faulted in: a load that promotes a few chunks copies into memory that is
+    already there. A buffer taken when no spare is left is a page-aligned mapping that is
+    not faulted in on the taking thread (the event loop): the copy thread takes its
+    faults. ``spare_bytes=0`` turns the background top-up off.
     """
 
     def __init__(
