@@ -194,3 +194,61 @@ def test_content_addressed_hierarchy_writes_a_chunk_through_once(tmp_path) -> No
             assert await h.tier("disk").backend.get_into(k, out) and torch.equal(out, other)
 
     asyncio.run(body())
+
+
+def _two_cpu_tiers(promote: bool = True) -> dict:  # type: ignore[type-arg]
+    lower: dict = {"name": "low", "backend": "cpu", "options": {"max_bytes": "64MiB"}}  # type: ignore[type-arg]
+    if not promote:
+        lower["promote"] = False
+    return {"tiers": [{"name": "top", "backend": "cpu", "options": {"max_bytes": "64MiB"}}, lower]}
+
+
+def test_a_deferred_get_promotes_only_when_the_caller_says_so() -> None:
+    """``get_into_deferred``: a lower tier's hit is loaded at once and promoted into the
+    top tier only when the caller awaits the promotion it was handed (from the buffer it
+    loaded into); a top-tier hit, a miss and a tier with ``promote: false`` hand none."""
+    k, other = make_key(1), make_key(2)
+    v = random_tensor((2 * MiB,), torch.uint8, seed=3)
+
+    async def run(promote: bool) -> list[object]:
+        seen: list[object] = []
+        async with TieredHierarchy.from_config(_two_cpu_tiers(promote)) as h:
+            top, low = h.tiers[0].backend, h.tiers[1].backend
+            assert await low.put(k, v)
+            out = torch.empty(2 * MiB, dtype=torch.uint8)
+            hit, promote_fn = await h.get_into_deferred(k, out)
+            seen += [hit, torch.equal(out, v), promote_fn is not None]
+            await h.flush()
+            seen.append(await top.contains(k))  # not promoted by the load itself
+            if promote_fn is not None:
+                await promote_fn()
+                await h.flush()
+                got = torch.empty(2 * MiB, dtype=torch.uint8)
+                seen.append(await top.get_into(k, got) and torch.equal(got, v))
+                again = await h.get_into_deferred(k, out)  # now a top-tier hit
+                seen.append(again[0] and again[1] is None)
+            seen.append(await h.get_into_deferred(other, out) == (False, None))
+            seen.append(h.stats()["hits"] >= 1 and h.stats()["misses"] >= 1)
+        return seen
+
+    assert asyncio.run(run(True)) == [True, True, True, False, True, True, True, True]
+    assert asyncio.run(run(False)) == [True, True, False, False, True, True]
+
+
+def test_chunk_buffers_fill_ahead_with_page_aligned_memory_that_take_reuses() -> None:
+    from lmcache_core.integrations.vllm.staging import ChunkBuffers
+
+    shape = (2, 4, 32768)  # 1 MiB of float32 per buffer
+    bufs = ChunkBuffers(shape, torch.float32, max_buffers=3)
+    assert bufs.fill() == 3 and bufs.fill() == 0 and bufs.in_use == 0
+    taken = bufs.take_many(5)
+    assert len(taken) == 3 and bufs.take() is None  # no more than max_buffers
+    for t in taken:
+        assert t.shape == shape and t.dtype == torch.float32
+        assert t.data_ptr() % 4096 == 0  # O_DIRECT reads land in it directly
+        t.fill_(1.5)
+    for t in taken:
+        bufs.give(t)
+    assert bufs.in_use == 0
+    small = ChunkBuffers((4, 8), torch.float16, max_buffers=2)  # small: plain tensors
+    assert small.fill(1) == 1 and small.take() is not None and small.in_use == 1

@@ -87,6 +87,12 @@ class StagingPool:
         # copy to a thread, which takes the page faults; only spares are faulted in ahead.
         return mapped_empty(nbytes)
 
+    def prepare(self, nbytes: int) -> None:
+        """Have the background thread fault in spare buffers of ``nbytes`` now, ahead of
+        the first take of that size (``nbytes`` under ``spare_min_nbytes``: nothing)."""
+        if nbytes >= self.spare_min_nbytes:
+            self._want(nbytes)
+
     def take_like(self, like: torch.Tensor) -> torch.Tensor:
         """A recycled buffer viewed with ``like``'s dtype and shape."""
         nbytes = like.numel() * like.element_size()

@@ -56,16 +56,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..backend import BaseBackend, Capabilities, _check_put_key
+from ..backend import BaseBackend, Capabilities, _check_key, _check_out, _check_put_key
 from ..config import CacheConfig, load_config
 from ..config.namespaces import namespace_label, namespace_warnings, resolve_namespace
 from ..errors import ConfigError
@@ -555,13 +556,40 @@ class TieredHierarchy(BaseBackend):
         return out
 
     async def _get_into(self, key: CacheEngineKey, out: torch.Tensor) -> bool:
+        src = await self._find_into(key, out)
+        if src is not None and src.index > 0:
+            await self._promote(key, out, src)
+        return src is not None
+
+    async def _find_into(self, key: CacheEngineKey, out: torch.Tensor) -> Tier | None:
+        """Load ``key`` into ``out`` from the first tier holding it; that tier, or ``None``."""
         for t in self.tiers:
             if await t.get_into(key, out) or self._pending_into(t, key, out):
-                if t.index > 0:
-                    await self._promote(key, out, t)
-                return True
+                return t
             t.known.discard(key)  # (a miss: whatever we believed, the tier lacks it now)
-        return False
+        return None
+
+    async def get_into_deferred(
+        self, key: CacheEngineKey, out: torch.Tensor
+    ) -> tuple[bool, Callable[[], Awaitable[None]] | None]:
+        """:meth:`get_into`, leaving the promotion of a lower tier's hit to the caller.
+
+        Returns whether ``key`` was loaded and, for a hit that :meth:`get_into` would
+        have promoted, ``promote``: await ``promote()`` on this hierarchy's loop while
+        ``out`` still holds the chunk (it copies from ``out``), after whatever the caller
+        wants done first (the vLLM connector copies the chunk into vLLM's blocks and
+        reports it before promoting); not calling it promotes nothing."""
+        self._check()
+        _check_key(key)
+        _check_out(out)
+        src = await self._find_into(key, out)
+        self._count_read(src is not None, _nbytes(out) if src is not None else 0)
+        if src is None or src.index == 0:
+            return src is not None, None
+        src.known.add(key)
+        if not src.cfg.promote:
+            return True, None
+        return True, functools.partial(self._promote, key, out, src)
 
     def _holds_already(self, t: Tier, key: CacheEngineKey) -> bool:
         """Whether a write-through store of ``key`` into ``t`` can be skipped (keys that

@@ -8,6 +8,8 @@ runs: step N+1 is planned before step N's load failure reaches the scheduler.
 from __future__ import annotations
 
 import random
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,13 @@ RNG = random.Random(11)
 A = [RNG.randrange(4, 500) for _ in range(4 * CHUNK)]
 X = [RNG.randrange(4, 500) for _ in range(130)]
 Y = [RNG.randrange(4, 500) for _ in range(130)]
+
+
+def _wait_for(pred: Callable[[], bool], timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.02)
 
 
 def _storage(cpu: str = "8MiB", disk: Path | None = None) -> dict[str, Any]:
@@ -142,7 +151,13 @@ def test_background_load_from_a_shared_tier_and_abort_while_waiting(
     assert wrong == [] and found == 6
     s = h.scheduler_side.stats()
     assert s["async_loads"] == 1 and s["load_failures"] == 0
-    assert h.worker_side.stats()["async_loaded_chunks"] == 4
+    w = h.worker_side.stats()
+    assert w["async_loaded_chunks"] == 4
+    # where the load's time went, per phase; the load path was warmed off vLLM's thread
+    spans = w["async_load_spans_ms"]
+    assert len(spans) == 1 and spans[0]["read"] > 0 and spans[0]["scatter"] > 0
+    assert spans[0]["bytes"] == w["async_loaded_bytes"]
+    _wait_for(lambda: h.worker_side.stats()["load_warm_seconds"] >= 0)
 
     # Abort while waiting: the blocks come back through get_finished, nothing is saved.
     free_before = h.sched.kv_cache_manager.block_pool.get_num_free_blocks()

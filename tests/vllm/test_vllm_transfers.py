@@ -379,3 +379,44 @@ def test_a_layer_name_the_copies_do_not_know_waits_for_every_layer() -> None:
     waiter.join(5)
     assert not waiter.is_alive() and ended.is_set()
     copies.close()
+
+
+def test_a_background_load_reports_a_lower_tier_hit_before_promoting_it(setup: Any) -> None:
+    """A disk hit lands in vLLM's blocks and is reported finished while its promotion into
+    the memory tier still waits (held here); the promotion then copies from the same
+    staging buffer, which comes back only afterwards, and the memory tier holds the exact
+    chunk."""
+    import asyncio
+    import threading
+
+    storage, copier, views, _ = setup
+    h = storage.hierarchy
+    src = torch.empty(copier.chunk_shape(2))
+    copier.gather([0, 1], src)
+    key = DB.make_key(700)
+    storage.submit(h.tiers[1].backend.put(key, src)).result(timeout=10)  # disk tier only
+    gate = threading.Event()
+    real = h._promote
+
+    async def held_promote(*args: Any) -> None:
+        await asyncio.to_thread(gate.wait, 10.0)
+        await real(*args)
+
+    h._promote = held_promote  # type: ignore[method-assign]
+    dst_views = caches("cpu", "LBHNC")
+    buffers = ChunkBuffers(copier.chunk_shape(2), torch.float32, max_buffers=2)
+    loads = AsyncLoads(
+        storage, buffers, BlockCopier(dst_views, BLOCKS), deadline_s=5.0, block_nbytes=1
+    )
+    loads.start("p", [ChunkLoad("p", 0, 700, 0, [4, 5])], [key])
+    done: set[str] = set()
+    _wait(lambda: done.update(loads.poll().finished) or "p" in done)
+    for layer in range(LAYERS):  # in place and reported, the promotion still held
+        assert torch.equal(dst_views[layer][4:6], views[layer][0:2])
+    assert buffers.in_use == 1 and not storage.submit(h.tiers[0].backend.contains(key)).result()
+    gate.set()
+    _wait(lambda: buffers.in_use == 0)
+    storage.submit(h.flush()).result(timeout=10)
+    out = torch.empty(copier.chunk_shape(2))
+    assert storage.get_into_memory([key], [out]) == [True] and torch.equal(out, src)
+    assert "promote" not in loads.spans[0] and loads.spans[0]["read"] > 0  # (not yet)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +44,8 @@ from .staging import ChunkBuffers
 from .storage import Storage, pinned_keys
 
 __all__ = ["AsyncLoads", "LoadOutcome"]
+
+log = logging.getLogger("vllm.lmcache_core.loads")
 
 
 @dataclass
@@ -67,6 +70,10 @@ class _Job:
     lock: threading.Lock = field(default_factory=threading.Lock)
     loaded_bytes: int = 0
     last_fetch: float = 0.0  # when the last fetch completed (any thread)
+    #: seconds per phase, summed over chunks (see :attr:`AsyncLoads.spans`)
+    spans: dict[str, float] = field(default_factory=dict)
+    reported: set[int] = field(default_factory=set)  # chunks reported in done
+    looked_up: float = 0.0  # when the lookup finished (IO loop)
 
     def over(self) -> bool:
         return self.lookup is None and self.next >= len(self.loads) and self.running == 0
@@ -93,8 +100,11 @@ class AsyncLoads:
         *,
         deadline_s: float,
         block_nbytes: int,
+        defer_promotion: bool = True,
     ) -> None:
         self.storage = storage
+        #: promote a lower tier's hit after its copy into vLLM's blocks (``False``: before)
+        self.defer_promotion = defer_promotion
         self.buffers = buffers
         self.copier = copier
         self.deadline_s = deadline_s
@@ -110,6 +120,8 @@ class AsyncLoads:
         #: per request: bytes, seconds from the first read to the poll reporting it
         #: finished, and to the last chunk in place
         self.throughput: list[tuple[int, float, float]] = []
+        #: where the time of the first 64 finished loads went (see :meth:`_spans_ms`)
+        self.spans: list[dict[str, float]] = []
         #: tier -> [bytes, seconds] of finished loads, by the tier of their deepest chunk
         self.rate_by_tier: dict[str, list[float]] = {}
         #: (tier, bytes, seconds) of each finished load since :meth:`take_observations`
@@ -120,6 +132,14 @@ class AsyncLoads:
             max_workers=2, thread_name_prefix="lmcache-scatter"
         )
         self.idle_wait_seconds = 0.0
+
+    def warm(self) -> None:
+        """Do now what a process's first load would otherwise do on its way (slow: call
+        it from a thread of its own; the connector does at ``register_kv_caches``, never
+        on vLLM's thread): fault the staging buffers in and have the hierarchy fault in
+        spare buffers for promoting chunks of this size."""
+        self.buffers.fill()
+        self.storage.hierarchy.pool.prepare(self.buffers.nbytes)
 
     @property
     def active(self) -> int:
@@ -140,7 +160,12 @@ class AsyncLoads:
         job.lookup = self.storage.submit(
             self.storage.hierarchy.lookup_prefix(keys, lease_s=self.deadline_s + 30.0)
         )
-        job.lookup.add_done_callback(lambda _: self._progress.set())
+
+        def looked_up(_: object) -> None:
+            job.looked_up = time.monotonic()
+            self._progress.set()
+
+        job.lookup.add_done_callback(looked_up)
         self._jobs[req_id] = job
 
     def wait_progress(self, timeout_s: float) -> None:
@@ -188,25 +213,67 @@ class AsyncLoads:
             job.next = len(job.loads)
             return
         while job.next < job.limit:
+            t0 = time.perf_counter()
             buf = self.buffers.take()
             if buf is None:
                 return
+            self._span(job, "take", time.perf_counter() - t0)
             i = job.next
             job.next += 1
             job.running += 1
             if job.first_read is None:
                 job.first_read = time.monotonic()
-            fut = self.storage.submit(self._fetch(job, i, buf))
-            fut.add_done_callback(self._on_fetched(job, i, buf))
+            held = [buf]  # (emptied by whoever gives it back first)
+            fut = self.storage.submit(self._fetch(job, i, held, time.perf_counter()))
+            fut.add_done_callback(self._on_fetched(job, i, held))
 
-    async def _fetch(self, job: _Job, i: int, buf: torch.Tensor) -> bool:
-        if not await self.storage.hierarchy.get_into(job.keys[i], buf):
-            return False
-        # (its own threads: the IO loop's default pool may run at a lower priority)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._scatter_pool, self._scatter, job, i, buf)
+    def _span(self, job: _Job, name: str, seconds: float) -> None:
+        with self._stats_lock:
+            job.spans[name] = job.spans.get(name, 0.0) + seconds
 
-    def _scatter(self, job: _Job, i: int, buf: torch.Tensor) -> bool:
+    def _give(self, held: list[torch.Tensor]) -> None:
+        """Give a fetch's staging buffer back (once)."""
+        with self._stats_lock:
+            buf = held.pop() if held else None
+        if buf is not None:
+            self.buffers.give(buf)
+
+    async def _fetch(self, job: _Job, i: int, held: list[torch.Tensor], submitted: float) -> None:
+        """Read chunk ``i`` into the staging buffer ``held[0]``, copy it into the
+        request's blocks and report it; a lower tier's hit is promoted into the memory
+        tier only then (from the same buffer: off the load's path), and the buffer goes
+        back after that."""
+        buf = held[0]
+        t0 = time.perf_counter()
+        self._span(job, "queue", t0 - submitted)
+        try:
+            h = self.storage.hierarchy
+            if self.defer_promotion:
+                hit, promote = await h.get_into_deferred(job.keys[i], buf)
+            else:  # (the old order, kept for benchmarks/bench_async_load.py's A/B)
+                hit, promote = await h.get_into(job.keys[i], buf), None
+            t1 = time.perf_counter()
+            self._span(job, "read", t1 - t0)
+            ok = False
+            if hit:
+                # (its own threads: the IO loop's default pool may run at a lower priority)
+                loop = asyncio.get_running_loop()
+                ok = await loop.run_in_executor(self._scatter_pool, self._scatter, job, i, buf, t1)
+            if not ok or promote is None:
+                self._give(held)
+            self._report(job, i, ok)
+            if ok and promote is not None:
+                t2 = time.perf_counter()
+                try:
+                    await promote()
+                except Exception as exc:  # a failed promotion costs a later hit, no more
+                    log.debug("promoting a loaded chunk failed: %s", exc)
+                self._span(job, "promote", time.perf_counter() - t2)
+        finally:
+            self._give(held)  # (no-op when given above)
+            self._report(job, i, False)  # (no-op when reported above)
+
+    def _scatter(self, job: _Job, i: int, buf: torch.Tensor, read_done: float) -> bool:
         """Copy a fetched chunk into the request's blocks, unless the load is over."""
         ld = job.loads[i]
         n = len(ld.block_ids)
@@ -222,17 +289,30 @@ class AsyncLoads:
             spent = time.perf_counter() - t0
         with self._stats_lock:
             self.scatter_seconds += spent
+            job.spans["hop"] = job.spans.get("hop", 0.0) + (t0 - read_done)
+            job.spans["scatter"] = job.spans.get("scatter", 0.0) + spent
         return True
 
+    def _report(self, job: _Job, i: int, ok: bool) -> None:
+        """Chunk ``i`` is in place (``ok``) or failed: the next poll counts it (once: a
+        later report of the same chunk is ignored)."""
+        with self._stats_lock:
+            if i in job.reported:
+                return
+            job.reported.add(i)
+        job.last_fetch = time.monotonic()
+        job.done.append((i, ok))  # list.append is atomic
+        self._progress.set()
+
     def _on_fetched(
-        self, job: _Job, i: int, buf: torch.Tensor
-    ) -> Callable[[concurrent.futures.Future[bool]], None]:
-        def done(fut: concurrent.futures.Future[bool]) -> None:
-            ok = not fut.cancelled() and fut.exception() is None and bool(fut.result())
-            self.buffers.give(buf)
-            job.last_fetch = time.monotonic()
-            job.done.append((i, ok))  # list.append is atomic
-            self._progress.set()
+        self, job: _Job, i: int, held: list[torch.Tensor]
+    ) -> Callable[[concurrent.futures.Future[None]], None]:
+        def done(fut: concurrent.futures.Future[None]) -> None:
+            if not fut.cancelled() and fut.exception() is not None:
+                log.debug("a background load failed: %s", fut.exception())
+            # (no-ops unless the fetch was cancelled before it ran: it failed)
+            self._give(held)
+            self._report(job, i, False)
 
         return done
 
@@ -308,7 +388,10 @@ class AsyncLoads:
             self.failed_chunks += len(chunks)
         self.loaded_bytes += job.loaded_bytes
         if job.first_read is not None and job.loaded_bytes:
-            seconds = time.monotonic() - job.first_read
+            now = time.monotonic()
+            seconds = now - job.first_read
+            if len(self.spans) < 64:
+                self.spans.append(self._spans_ms(job, now))
             self.throughput.append(
                 (job.loaded_bytes, seconds, max(0.0, job.last_fetch - job.first_read))
             )
@@ -318,6 +401,26 @@ class AsyncLoads:
             acc[1] += seconds
             if len(self._observations) < 4096:
                 self._observations.append((tier, job.loaded_bytes, seconds))
+
+    @staticmethod
+    def _spans_ms(job: _Job, now: float) -> dict[str, float]:
+        """Where one load's time went, in ms: wall phases (``lookup``: start to the
+        lookup's end; ``issue``: start to the first read; ``last``: the first read to the
+        last chunk in place; ``report``: from then to this poll) and, summed over its
+        chunks, ``take`` (staging buffer), ``queue`` (IO loop), ``read`` (tiers),
+        ``hop`` (to a copy thread), ``scatter`` (into vLLM's blocks) and ``promote`` (into
+        the memory tier, after the chunk was reported: so far)."""
+        assert job.first_read is not None
+        out = {
+            "bytes": float(job.loaded_bytes),
+            "lookup": (job.looked_up - job.started) * 1e3 if job.looked_up else -1.0,
+            "issue": (job.first_read - job.started) * 1e3,
+            "last": (job.last_fetch - job.first_read) * 1e3,
+            "report": (now - job.last_fetch) * 1e3,
+        }
+        for k, v in list(job.spans.items()):
+            out[k] = v * 1e3
+        return {k: round(v, 3) for k, v in out.items()}
 
     def take_observations(self) -> list[tuple[str, int, float]]:
         """``(deepest tier, bytes, seconds)`` of each load finished since the last call."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
@@ -76,6 +77,7 @@ class _Counters:
     withdrawn: int = 0
     resets: int = 0
     reset_removed: int = 0
+    warm_seconds: float = -1.0  # the load path's warm-up (-1: not finished)
 
 
 class WorkerSide:
@@ -94,6 +96,7 @@ class WorkerSide:
         self.db: Any = None
         self.counters = _Counters()
         self._sync_buffers: ChunkBuffers | None = None
+        self._warming: threading.Thread | None = None
         self.layer_copies: LayerCopies | None = None
         self._errors: set[int] = set()
         #: several KV-cache groups: vLLM takes no block-level errors, a failed background
@@ -183,6 +186,7 @@ class WorkerSide:
             config, self._saves_off = replica_storage_config(config)
         self.storage = Storage(config, ctx.namespace, copy_nice=ctx.settings.options.copy_nice)
         self._open_transfers()
+        self._start_warming()
         copier, storage = self.copier, self.storage
         log.info(
             "LMCacheCoreConnector worker side: pid=%d rank=%d/%d layers=%d chunk=%s %s "
@@ -227,6 +231,26 @@ class WorkerSide:
             )
         if self._report_stored:
             self.storage.on_top_eviction(self._on_evicted)
+
+    def _start_warming(self) -> None:
+        """Warm the background load path (:meth:`AsyncLoads.warm`) in a thread of its
+        own, never on vLLM's: the engine compiles and profiles for seconds after this,
+        and a process's first load would otherwise pay for it (page faults of fresh
+        staging memory above all)."""
+        loads = self.loads
+        if loads is None:
+            return
+
+        def warm() -> None:
+            t0 = time.perf_counter()
+            try:
+                loads.warm()
+            except Exception as exc:  # only the first load gets slower
+                log.warning("LMCacheCoreConnector: warming the load path failed: %s", exc)
+            self.counters.warm_seconds = time.perf_counter() - t0
+
+        self._warming = threading.Thread(target=warm, name="lmcache-warm", daemon=True)
+        self._warming.start()
 
     def _pin_stored(self, key: CacheEngineKey) -> object | None:
         assert self.storage is not None
@@ -778,6 +802,8 @@ class WorkerSide:
             "async_load_throughput": [list(x) for x in ld.throughput[-64:]]
             if ld is not None
             else [],
+            "async_load_spans_ms": ld.spans[:16] if ld is not None else [],
+            "load_warm_seconds": round(c.warm_seconds, 6),
             "saved_chunks": sv.stored if sv is not None else 0,
             "saved_bytes": sv.stored_bytes if sv is not None else 0,
             "gathered_chunks": sv.gathered if sv is not None else 0,
@@ -825,6 +851,8 @@ class WorkerSide:
     def close(self) -> None:
         """Finish queued saves up to the storage's ``drain_timeout_s`` (the rest are
         counted as dropped), then close the storage."""
+        if self._warming is not None:
+            self._warming.join(timeout=10.0)  # (seconds at most: faulting buffers in)
         if self.loads is not None:
             self.loads.abandon_all()
         if self.saves is not None and self.storage is not None:
