@@ -23,6 +23,7 @@ HERE = Path(__file__).resolve().parent
 EXCLUDED = {"bench_peer"}
 #: Small arguments per benchmark.
 SMALL: dict[str, list[str]] = {
+    "bench_async_load": ["--procs", "1", "--docs", "2", "--rounds", "1", "--chunks", "2"],
     "bench_codec_ttft": ["--chunks", "2", "--rounds", "1", "--codec", "int8"],
     "bench_copy": ["--rounds", "3", "--block", "2"],
     "bench_cpu_backend": [],
