@@ -385,7 +385,7 @@ def test_a_background_load_reports_a_lower_tier_hit_before_promoting_it(setup: A
     """A disk hit lands in vLLM's blocks and is reported finished while its promotion into
     the memory tier still waits (held here); the promotion then copies from the same
     staging buffer, which comes back only afterwards, and the memory tier holds the exact
-    chunk."""
+    chunk. A load of more chunks than staging buffers promotes early to free them."""
     import asyncio
     import threading
 
@@ -420,3 +420,20 @@ def test_a_background_load_reports_a_lower_tier_hit_before_promoting_it(setup: A
     out = torch.empty(copier.chunk_shape(2))
     assert storage.get_into_memory([key], [out]) == [True] and torch.equal(out, src)
     assert "promote" not in loads.spans[0] and loads.spans[0]["read"] > 0  # (not yet)
+    assert loads.promoted == 1
+    # 3 disk chunks through 2 buffers: promotions parked until the load is over would
+    # hold both buffers, so they start early; the load finishes, all exact and promoted.
+    h._promote = real  # type: ignore[method-assign]
+    keys = [DB.make_key(710 + c) for c in range(3)]
+    for c, k in enumerate(keys):
+        copier.gather([2 * c, 2 * c + 1], src)
+        storage.submit(h.tiers[1].backend.put(k, src)).result(timeout=10)
+    loads.start(
+        "q", [ChunkLoad("q", c, 710 + c, 0, [8 + 2 * c, 9 + 2 * c]) for c in range(3)], keys
+    )
+    _wait(lambda: done.update(loads.poll().finished) or "q" in done)
+    for layer in range(LAYERS):
+        assert torch.equal(dst_views[layer][8:14], views[layer][0:6])
+    _wait(lambda: buffers.in_use == 0 and loads.promoted == 4)
+    storage.submit(h.flush()).result(timeout=10)
+    assert all(storage.submit(h.tiers[0].backend.contains(k)).result() for k in keys)

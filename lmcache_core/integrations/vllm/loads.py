@@ -6,7 +6,10 @@ its chunks up in the worker's hierarchy (pinning them where the tier can pin, an
 learning which tier holds each; chunks after the first one missing fail at once), then
 fetches each chunk on the storage's IO loop into a staging buffer and, as soon as that
 chunk has arrived, copies it into the request's blocks in a helper thread — so copies
-overlap the reads still running, and the engine's steps never wait for either. Each
+overlap the reads still running, and the engine's steps never wait for either. A chunk
+found below the memory tier is promoted into it from the same staging buffer only after
+the whole load is over (or when staging buffers run short), so promotions neither delay
+``get_finished`` nor compete with the load's reads (``TieredHierarchy.get_into_deferred``). Each
 step's :meth:`AsyncLoads.poll` (from ``get_finished``) collects what is done, starts
 fetches as staging buffers come back, and reports the requests whose load is over.
 
@@ -29,7 +32,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +76,11 @@ class _Job:
     #: seconds per phase, summed over chunks (see :attr:`AsyncLoads.spans`)
     spans: dict[str, float] = field(default_factory=dict)
     reported: set[int] = field(default_factory=set)  # chunks reported in done
+    #: promotions waiting for the load to be over, each with its parked staging buffer
+    promotions: list[tuple[Callable[[], Awaitable[None]], list[torch.Tensor]]] = field(
+        default_factory=list
+    )
+    finished: bool = False  # set under the stats lock when poll reports it
     looked_up: float = 0.0  # when the lookup finished (IO loop)
 
     def over(self) -> bool:
@@ -132,6 +140,7 @@ class AsyncLoads:
             max_workers=2, thread_name_prefix="lmcache-scatter"
         )
         self.idle_wait_seconds = 0.0
+        self.promoted = 0  # chunks promoted into the memory tier after their load
 
     def warm(self) -> None:
         """Do now what a process's first load would otherwise do on its way (slow: call
@@ -215,7 +224,10 @@ class AsyncLoads:
         while job.next < job.limit:
             t0 = time.perf_counter()
             buf = self.buffers.take()
-            if buf is None:
+            if buf is None:  # promotions parked until their load is over hold buffers
+                for other in list(self._jobs.values()):
+                    if other.promotions:
+                        self._start_promotions(other)
                 return
             self._span(job, "take", time.perf_counter() - t0)
             i = job.next
@@ -240,9 +252,9 @@ class AsyncLoads:
 
     async def _fetch(self, job: _Job, i: int, held: list[torch.Tensor], submitted: float) -> None:
         """Read chunk ``i`` into the staging buffer ``held[0]``, copy it into the
-        request's blocks and report it; a lower tier's hit is promoted into the memory
-        tier only then (from the same buffer: off the load's path), and the buffer goes
-        back after that."""
+        request's blocks and report it. A lower tier's hit is promoted into the memory
+        tier from the same buffer, but only once the whole load is over (or staging
+        buffers run short): see :meth:`_park`; the buffer goes back after that."""
         buf = held[0]
         t0 = time.perf_counter()
         self._span(job, "queue", t0 - submitted)
@@ -259,19 +271,52 @@ class AsyncLoads:
                 # (its own threads: the IO loop's default pool may run at a lower priority)
                 loop = asyncio.get_running_loop()
                 ok = await loop.run_in_executor(self._scatter_pool, self._scatter, job, i, buf, t1)
-            if not ok or promote is None:
+            if ok and promote is not None:
+                self._park(job, promote, held)
+            else:
                 self._give(held)
             self._report(job, i, ok)
-            if ok and promote is not None:
-                t2 = time.perf_counter()
-                try:
-                    await promote()
-                except Exception as exc:  # a failed promotion costs a later hit, no more
-                    log.debug("promoting a loaded chunk failed: %s", exc)
-                self._span(job, "promote", time.perf_counter() - t2)
         finally:
             self._give(held)  # (no-op when given above)
             self._report(job, i, False)  # (no-op when reported above)
+
+    def _park(
+        self, job: _Job, promote: Callable[[], Awaitable[None]], held: list[torch.Tensor]
+    ) -> None:
+        """Keep a loaded chunk's promotion (and its staging buffer) until the load is over,
+        so promotions never compete with the load's own reads and copies; at once when
+        the load is already over."""
+        with self._stats_lock:
+            parked = [held.pop()] if held else []
+            if not parked:
+                return
+            job.promotions.append((promote, parked))
+            late = job.finished
+        if late:
+            self._start_promotions(job)
+
+    def _start_promotions(self, job: _Job) -> None:
+        """Run ``job``'s parked promotions on the IO loop; each gives its buffer back."""
+        with self._stats_lock:
+            todo, job.promotions = job.promotions, []
+        for promote, parked in todo:
+            try:
+                self.storage.submit(self._promote(job, promote, parked))
+            except RuntimeError:  # the IO loop has stopped: nothing to promote into
+                self._give(parked)
+
+    async def _promote(
+        self, job: _Job, promote: Callable[[], Awaitable[None]], parked: list[torch.Tensor]
+    ) -> None:
+        t0 = time.perf_counter()
+        try:
+            await promote()
+        except Exception as exc:  # a failed promotion costs a later hit, no more
+            log.debug("promoting a loaded chunk failed: %s", exc)
+        finally:
+            self._give(parked)
+            self._span(job, "promote", time.perf_counter() - t0)
+            self.promoted += 1
 
     def _scatter(self, job: _Job, i: int, buf: torch.Tensor, read_done: float) -> bool:
         """Copy a fetched chunk into the request's blocks, unless the load is over."""
@@ -374,6 +419,9 @@ class AsyncLoads:
         fut.add_done_callback(done)
 
     def _finish(self, job: _Job, out: LoadOutcome) -> None:
+        with self._stats_lock:
+            job.finished = True
+        self._start_promotions(job)  # (after the report below reaches vLLM: same step)
         out.finished.add(job.req_id)
         self.storage.release_soon(job.pinned)
         if job.cancelled:
@@ -432,6 +480,9 @@ class AsyncLoads:
         for job in self._jobs.values():
             self._close(job)
             job.cancelled = True
+            with self._stats_lock:  # (parked promotions are dropped, their buffers kept)
+                job.finished = True
+                job.promotions = []
             if job.lookup is not None:
                 self._release_when_done(job.lookup, job.keys)
             else:
