@@ -27,7 +27,7 @@ Two parts (both by default; ``--part first`` or ``--part promote`` for one):
   Before each load the cpu tier is emptied (so the chunks are disk hits) and the files
   dropped from the page cache. Rounds alternate the variants; medians of each.
 
-Run: .venv/bin/python benchmarks/bench_async_load.py [--procs 4] [--rounds 7]
+Run: .venv/bin/python benchmarks/bench_async_load.py [--procs 4] [--rounds 7] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -267,6 +267,7 @@ def main() -> int:
     ap.add_argument("--docs", type=int, default=4, help="documents per process (first)")
     ap.add_argument("--rounds", type=int, default=7, help="rounds (promote)")
     ap.add_argument("--chunks", type=int, default=7, help="4 MiB chunks per document")
+    ap.add_argument("--dir", default=None, help="where the disk tier lives (default: temp dir)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -274,7 +275,7 @@ def main() -> int:
         print(json.dumps(child_first(root, variant, docs, chunks)))
         return 0
     shape = (LAYERS, BLOCKS_PER_CHUNK, HEADS, BLOCK, KV)
-    with tempfile.TemporaryDirectory(prefix="bench-async-load-", dir=os.getcwd()) as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-async-load-", dir=args.dir) as tmp:
         root = os.path.join(tmp, "kv")
         populate(root, args.docs * args.chunks, shape)
         if args.part in ("first", "both"):
