@@ -9,9 +9,10 @@ chunk has arrived, copies it into the request's blocks in a helper thread — so
 overlap the reads still running, and the engine's steps never wait for either. A chunk
 found below the memory tier is promoted into it from the same staging buffer only after
 the whole load is over (or when staging buffers run short), so promotions neither delay
-``get_finished`` nor compete with the load's reads (``TieredHierarchy.get_into_deferred``). Each
-step's :meth:`AsyncLoads.poll` (from ``get_finished``) collects what is done, starts
-fetches as staging buffers come back, and reports the requests whose load is over.
+``get_finished`` nor compete with the load's reads
+(``TieredHierarchy.get_into_deferred``). Each step's :meth:`AsyncLoads.poll` (from
+``get_finished``) collects what is done, starts fetches as staging buffers come back,
+and reports the requests whose load is over.
 
 A step that computes nothing (vLLM steps back to back while requests wait for their KV)
 may first :meth:`AsyncLoads.wait_progress`: a few milliseconds at most, woken by the
@@ -421,7 +422,7 @@ class AsyncLoads:
     def _finish(self, job: _Job, out: LoadOutcome) -> None:
         with self._stats_lock:
             job.finished = True
-        self._start_promotions(job)  # (after the report below reaches vLLM: same step)
+        self._start_promotions(job)  # (the load is over; vLLM hears of it in this call)
         out.finished.add(job.req_id)
         self.storage.release_soon(job.pinned)
         if job.cancelled:
@@ -457,7 +458,8 @@ class AsyncLoads:
         last chunk in place; ``report``: from then to this poll) and, summed over its
         chunks, ``take`` (staging buffer), ``queue`` (IO loop), ``read`` (tiers),
         ``hop`` (to a copy thread), ``scatter`` (into vLLM's blocks) and ``promote`` (into
-        the memory tier, after the chunk was reported: so far)."""
+        the memory tier: only promotions started early because staging buffers ran
+        short; the others run after the load is over)."""
         assert job.first_read is not None
         out = {
             "bytes": float(job.loaded_bytes),
