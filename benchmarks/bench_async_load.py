@@ -194,24 +194,19 @@ def part_first(root: str, procs: int, docs: int, chunks: int) -> None:
         f"{aa_spread(firsts['warm'], firsts['warm2']):.2f}"
     )
     for v in ("lazy", "warm"):
-        rows = [r["spans"][0] for r in res[v] + res[v + "2"] if r["spans"]]
-        if rows:
-            keys = [k for k in rows[0] if k != "bytes"]
-            print(
-                f"  {v} first load, median ms: "
-                + ", ".join(
-                    f"{k} {statistics.median(r.get(k, 0.0) for r in rows):.1f}" for k in keys
+        runs = res[v] + res[v + "2"]
+        for label, rows in (
+            ("first load", [r["spans"][0] for r in runs if r["spans"]]),
+            ("later loads", [s for r in runs for s in r["spans"][1:]]),
+        ):
+            if rows:
+                keys = [k for k in rows[0] if k != "bytes"]
+                print(
+                    f"  {v} {label}, median ms: "
+                    + ", ".join(
+                        f"{k} {statistics.median(r.get(k, 0.0) for r in rows):.1f}" for k in keys
+                    )
                 )
-            )
-        rows = [s for r in res[v] + res[v + "2"] for s in r["spans"][1:]]
-        if rows:
-            keys = [k for k in rows[0] if k != "bytes"]
-            print(
-                f"  {v} later loads, median ms: "
-                + ", ".join(
-                    f"{k} {statistics.median(r.get(k, 0.0) for r in rows):.1f}" for k in keys
-                )
-            )
 
 
 # ---------------------------------------------------------------------- part 2: promotion
