@@ -586,10 +586,9 @@ class TieredHierarchy(BaseBackend):
         self._count_read(src is not None, _nbytes(out) if src is not None else 0)
         if src is None or src.index == 0:
             return src is not None, None
-        src.known.add(key)
-        if not src.cfg.promote:
+        if not self._served(key, src):
             return True, None
-        return True, functools.partial(self._promote, key, out, src)
+        return True, functools.partial(self._copy_up, key, out, src)
 
     def _holds_already(self, t: Tier, key: CacheEngineKey) -> bool:
         """Whether a write-through store of ``key`` into ``t`` can be skipped (keys that
@@ -651,10 +650,18 @@ class TieredHierarchy(BaseBackend):
         return True
 
     async def _promote(self, key: CacheEngineKey, value: torch.Tensor, src: Tier) -> None:
-        """Copy a chunk found in ``src`` into the top tier and the through tiers above ``src``."""
+        """Note ``src``'s hit and, if its tier promotes, copy the chunk up (:meth:`_copy_up`)."""
+        if self._served(key, src):
+            await self._copy_up(key, value, src)
+
+    @staticmethod
+    def _served(key: CacheEngineKey, src: Tier) -> bool:
+        """Note that ``src`` served ``key``; whether ``src``'s hits are promoted."""
         src.known.add(key)
-        if not src.cfg.promote:
-            return
+        return src.cfg.promote
+
+    async def _copy_up(self, key: CacheEngineKey, value: torch.Tensor, src: Tier) -> None:
+        """Copy a chunk found in ``src`` into the top tier and the through tiers above ``src``."""
         nbytes = _nbytes(value)
         targets = [
             t
@@ -713,12 +720,9 @@ class TieredHierarchy(BaseBackend):
         no room (with ``fresh=False``: no recycled memory at hand); the caller then
         stores with ``put``. Nothing is visible to any lookup or load before the commit.
         """
-        if self._state != "started":
-            return None
-        top = self.tiers[0]
+        top = self._plain_top(ReservedPuts)
         if (
-            not implements(top.backend, ReservedPuts)
-            or top.codec is not None
+            top is None
             or not top.started
             or top.health.consecutive_errors
             or top.placement is not None
@@ -886,15 +890,18 @@ class TieredHierarchy(BaseBackend):
         ``capability`` (a declared protocol of :mod:`lmcache_core.interface`): started,
         implementing it, without a codec (coded chunks are decoded on a thread, by the
         tier), without a load deadline and healthy; else ``None`` (the async path)."""
+        top = self._plain_top(capability)
+        if top is None or top.load_deadline is not None or not top.health.usable():
+            return None
+        return top
+
+    def _plain_top(self, capability: type[Any]) -> Tier | None:
+        """The top tier of a started hierarchy when it implements ``capability`` and has no
+        codec (what every thread-side path needs; each adds its own conditions)."""
         if self._state != "started":
             return None
         top = self.tiers[0]
-        if (
-            not implements(top.backend, capability)
-            or top.codec is not None
-            or top.load_deadline is not None
-            or not top.health.usable()
-        ):
+        if not implements(top.backend, capability) or top.codec is not None:
             return None
         return top
 
