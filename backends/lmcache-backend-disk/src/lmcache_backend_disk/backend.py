@@ -64,21 +64,6 @@ _KEY_TYPES = {CacheEngineKey}
 STAGING_IDLE_S = 30.0
 
 
-class _Later:
-    """The rest of a batch job, to run in the CPU pool (see :meth:`DiskBackend._run_batch`)."""
-
-    __slots__ = ("finish",)
-
-    def __init__(self, finish: Callable[[], Any]) -> None:
-        self.finish = finish
-
-
-def _whole(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)``, a :class:`_Later` it returns run here."""
-    r = fn(*args)
-    return r.finish() if isinstance(r, _Later) else r
-
-
 class DiskTierError(LMCacheError, OSError):
     """The tier cannot start (a read-only or full filesystem, no permission, ...): the
     message says what failed where and what to do."""
@@ -112,11 +97,6 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         self._bound_recorded = False
         self._seq = itertools.count()
         self._exec: concurrent.futures.ThreadPoolExecutor | None = None
-        #: Copies and checksums of staged reads, handed over by the I/O threads (one
-        #: thread per core this process may run on; see :meth:`_get_into_begin`).
-        self._cpu_exec: concurrent.futures.ThreadPoolExecutor | None = None
-        self._later_n = 0  # finishers queued in it (each holds a staging buffer)
-        self._later_lock = threading.Lock()
         self._index: SharedIndex | None = None
         self._view: KeyView | None = None
         self._io: ObjectIO | None = None
@@ -179,73 +159,35 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
             raise asyncio.CancelledError
         return [a.result() for a in afuts]
 
-    async def _run_batch(
-        self, fn: Callable[..., T | _Later], calls: Sequence[tuple[Any, ...]]
-    ) -> list[T]:
+    async def _run_batch(self, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]]) -> list[T]:
         """``[fn(*args) for args in calls]`` run concurrently in the pool; the job that
-        finishes last resolves one future, so the event loop wakes once per batch. A job
-        that returns a :class:`_Later` is done when its ``finish()`` has run in the CPU
-        pool (see :meth:`_hand_over`), whose result is the job's."""
+        finishes last resolves one future, so the event loop wakes once per batch."""
         if len(calls) <= 1:
-            return [await self._call(_whole, fn, *args) for args in calls]
+            return [await self._call(fn, *args) for args in calls]
         done: concurrent.futures.Future[list[T]] = concurrent.futures.Future()
         results: list[Any] = [None] * len(calls)
         errors: list[BaseException] = []
         left = [len(calls)]
         lock = threading.Lock()
 
-        def settle() -> None:
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                if errors:
-                    done.set_exception(errors[0])
-                else:
-                    done.set_result(results)
-
-        def finish(i: int, later: _Later) -> None:
+        def one(i: int, args: tuple[Any, ...]) -> None:
             try:
-                results[i] = later.finish()
+                results[i] = fn(*args)
             except BaseException as exc:
                 errors.append(exc)
             finally:
-                with self._later_lock:
-                    self._later_n -= 1
-                settle()
-
-        def one(i: int, args: tuple[Any, ...]) -> None:
-            try:
-                r = fn(*args)
-                if isinstance(r, _Later):
-                    if self._hand_over(finish, i, r):
-                        return  # counted when its finisher has run
-                    r = r.finish()
-                results[i] = r
-            except BaseException as exc:
-                errors.append(exc)
-            settle()
+                with lock:
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    if errors:
+                        done.set_exception(errors[0])
+                    else:
+                        done.set_result(results)
 
         for i, args in enumerate(calls):
             self._submit_or_run(one, i, args)
         return (await self._await_all([done]))[0]
-
-    def _hand_over(self, finish: Callable[[int, _Later], None], i: int, later: _Later) -> bool:
-        """Queue ``finish(i, later)`` in the CPU pool, unless as many finishers as the pool
-        has I/O threads are queued already (each holds a staging buffer) or the pool is
-        shutting down: ``False`` then, and the caller finishes it itself."""
-        cpu = self._cpu_exec
-        with self._later_lock:
-            if cpu is None or self._later_n >= self.opts.concurrency:
-                return False
-            self._later_n += 1
-        try:
-            cpu.submit(finish, i, later)
-        except RuntimeError:
-            with self._later_lock:
-                self._later_n -= 1
-            return False
-        return True
 
     def _submit_or_run(self, fn: Callable[..., Any], *args: Any) -> None:
         """Queue ``fn(*args)`` in the pool, or run it here if the pool is shutting down."""
@@ -270,12 +212,6 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         self._exec = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.opts.concurrency,
             thread_name_prefix=f"lmcache-{self.name}",
-            initializer=lower_thread_priority,
-            initargs=(self.opts.io_nice,),
-        )
-        self._cpu_exec = concurrent.futures.ThreadPoolExecutor(
-            max_workers=len(os.sched_getaffinity(0)),
-            thread_name_prefix=f"lmcache-{self.name}-cpu",
             initializer=lower_thread_priority,
             initargs=(self.opts.io_nice,),
         )
@@ -384,8 +320,6 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         self._stop_healing()
         if self._exec is not None:
             self._exec.shutdown(wait=True)
-        if self._cpu_exec is not None:  # after the I/O threads, which hand work to it
-            self._cpu_exec.shutdown(wait=True)
         self._flusher.close()
         if self._index is not None:
             self._index.close()
@@ -450,29 +384,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
     async def _batched_get_into(
         self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor]
     ) -> list[bool]:
-        return await self._run_batch(self._get_into_begin, list(zip(keys, outs, strict=True)))
-
-    def _get_into_begin(self, key: CacheEngineKey, out: torch.Tensor) -> bool | _Later:
-        """:meth:`_get_into_sync` in two steps where the object is staged (see
-        :meth:`ObjectIO.read_into_staged`): the device read here, the copy into ``out`` and
-        the checksum in the returned :class:`_Later`, which :meth:`_run_batch` hands to
-        the CPU pool so that this I/O thread issues its next read at once."""
-        if out.device.type != "cpu":
-            return self._get_into_sync(key, out)  # a subclass's own path (gds: cuFile)
-        rel = self._rel(key)
-        try:
-            res = self.io.read_into_staged(rel, key.to_string(), self._ns_json, out)
-        except OSError as exc:
-            self._read_error(rel, exc)
-            return False
-        if isinstance(res, ReadResult):
-            return self._settle_read(rel, res)
-        staged = res
-
-        def finish() -> bool:
-            return self._settle_read(rel, staged())
-
-        return _Later(finish)
+        return await self._run_batch(self._get_into_sync, list(zip(keys, outs, strict=True)))
 
     def _get_sync(self, key: CacheEngineKey) -> torch.Tensor | None:
         rel = self._rel(key)

@@ -401,66 +401,6 @@ class ObjectIO:
 
         return self._read_verified(rel, body)
 
-    def read_into_staged(
-        self, rel: str, key: str, ns_json: str, out: torch.Tensor
-    ) -> ReadResult | Callable[[], ReadResult]:
-        """Like :meth:`read_into`, in two steps when the object comes through one staging
-        piece (``O_DIRECT`` into a buffer ``out`` that is not aligned for it, data of at
-        most :data:`READ_PIECE`): the device transfer and the header check happen here
-        and a *finisher* is returned, which copies the data into ``out``, checks its
-        checksum and returns the result (a HIT only when the checksum matches). The
-        finisher must be called exactly once (it returns the staging buffer), from any
-        thread: the I/O thread can issue its next read before this object is copied.
-        Any other object is read and verified here, as :meth:`read_into` does."""
-        n = out.numel() * out.element_size()
-        if not self.direct or n > READ_PIECE or _u8(out).ctypes.data % self.mem_align == 0:
-            return self.read_into(rel, key, ns_json, out)
-        fd, early = self._open(rel)
-        if fd is None:
-            assert early is not None
-            return early
-        buf = None
-        try:
-            st = os.fstat(fd)
-            inode = (st.st_dev, st.st_ino)
-            size = st.st_size
-            if not stat.S_ISREG(st.st_mode):
-                return ReadResult(ReadOutcome.BAD, reason="not a regular file", inode=inode)
-            template = HeaderTemplate(key, ns_json, out.dtype, tuple(out.shape))
-            hlen = len(template)
-            try:
-                if size != hlen + n:
-                    self._explain_mismatch(self._read_head(fd, size), size, key, ns_json, out)
-                span = round_up(size)
-                buf = self.pool.take(span)
-                got = os.preadv(fd, [buf.view[:span]], 0)
-                if got != size:
-                    raise FormatError(f"short read: {got} of {size} bytes (truncated?)")
-                digits = template.digits_of(buf.view[:hlen])
-                if digits is None:
-                    self._explain_mismatch(bytes(buf.view[:hlen]), size, key, ns_json, out)
-            except FormatError as exc:
-                return ReadResult(ReadOutcome.BAD, reason=str(exc), inode=inode, size=size)
-            staged, buf = buf, None  # the finisher owns it now
-        finally:
-            os.close(fd)  # the data is in memory: the file's lock is not needed any more
-            if buf is not None:
-                self.pool.give(buf)
-
-        def finish() -> ReadResult:
-            try:
-                dst = _u8(out)
-                np.copyto(dst, np.frombuffer(staged.view, dtype=np.uint8)[hlen:size])
-                digest = xxh3_128_hexdigest(dst.data)
-            finally:
-                self.pool.give(staged)
-            if digest != digits:
-                reason = "checksum mismatch: object data is corrupted"
-                return ReadResult(ReadOutcome.BAD, reason=reason, inode=inode, size=size)
-            return ReadResult(ReadOutcome.HIT, tensor=out, inode=inode, size=size)
-
-        return finish
-
     def _read_verified(
         self,
         rel: str,
