@@ -11,6 +11,11 @@ For 4 MiB and 32 MiB chunks (``--sizes``), ``--total-mib`` of data per contender
   once, from plain ``torch.empty`` values and from ``aligned_empty`` values; every object
   is checksummed, reserved in the shared index, fdatasync'ed, renamed, recorded and its
   directory fsynced;
+* with ``--steady`` also ``put steady``: plain values as in ``put disk``, but the
+  ``ab/cd`` directories of their keys exist before the put (made untimed beforehand), as
+  in a tier that already holds many objects. The other puts write new keys into a young
+  tier (each object's ``ab/cd`` directory is new: ``mkdir`` and a parent fsync more per
+  object); ``put disk`` stays the figure the bars are measured with;
 * before every cold read the files it reads are dropped from the page cache
   (``POSIX_FADV_DONTNEED``) and checked with ``mincore`` (none of their pages resident);
 * raw get: ``O_DIRECT`` ``preadv`` requests of at most 4 MiB into aligned buffers, same
@@ -111,6 +116,7 @@ class _Size:
         self.qds = [int(q) for q in args.inflight.split(",")]
         self.raw = [f"qd{q}" for q in self.qds] + [f"qd{self.qds[-1]} again"]
         names = [f"put raw {v}" for v in self.raw] + ["put disk", "put aligned"]
+        names += ["put steady"] if args.steady else []
         names += [f"get raw {v}" for v in self.raw] + ["get aligned", "get plain"]
         self.samples: dict[str, list[float]] = {k: [] for k in names}
         self.cpu: dict[str, list[float]] = {k: [] for k in names}
@@ -134,6 +140,15 @@ class _Size:
             opts["concurrency"] = self.args.disk_concurrency
         return DiskBackend(opts, namespace=Namespace(model_name="bench-disk"))
 
+    def make_dirs(self, keys: list[CacheEngineKey]) -> None:
+        """Create (untimed) the directories ``keys``' objects go into, as a tier that
+        already holds many objects has them (``--steady``)."""
+        b = self.backend
+        assert isinstance(b, DiskBackend), "--steady measures the disk tier"
+        for k in keys:
+            os.makedirs(os.path.join(b.root, b._rel(k).rpartition("/")[0]), 0o700, True)
+        os.sync()
+
     def describe(self) -> str:
         """The tier's settings, for the report."""
         return f"disk concurrency={self.backend.opts.concurrency}"
@@ -154,6 +169,8 @@ class _Size:
         ]
         keys2 = [CacheEngineKey("bench-disk", 1, 0, (r << 32) + (1 << 31) + i, "uint8")
                  for i in range(self.n)]  # fmt: skip
+        keys3 = [CacheEngineKey("bench-disk", 1, 0, (r << 32) + (3 << 30) + i, "uint8")
+                 for i in range(self.n)]  # fmt: skip
         names = [f"f{i}" for i in range(self.n)]
         raw_paths: dict[str, list[str]] = {}
 
@@ -170,6 +187,10 @@ class _Size:
             ("put aligned", lambda: loop.run_until_complete(
                 backend_put(b, keys2, self.values_aligned, args.batch))),
         ]  # fmt: skip
+        if args.steady:
+            self.make_dirs(keys3)
+            steps.append(("put steady", lambda: loop.run_until_complete(
+                backend_put(b, keys3, self.values, args.batch))))  # fmt: skip
         gets: list[tuple[str, Callable[[], Any], Callable[[], list[str]]]] = [
             (
                 f"get raw {v}",
@@ -199,7 +220,7 @@ class _Size:
             assert bytes(self.raw_dst[i]) == bytes(self.raw_src[i])
             self.outs_plain[i].fill_(0)
             self.outs_aligned[i].fill_(0)
-        loop.run_until_complete(remove_all(b, keys + keys2))
+        loop.run_until_complete(remove_all(b, keys + keys2 + (keys3 if args.steady else [])))
         for v in self.raw:
             shutil.rmtree(os.path.join(self.work, f"raw-{v.replace(' ', '-')}"), True)
 
@@ -214,7 +235,7 @@ class _Size:
               f"raw baseline: best of {self.qds} in flight (4 MiB requests)")  # fmt: skip
         out: dict[str, float] = {}
         for op, ours in (
-            ("put", ("put disk", "put aligned")),
+            ("put", ("put disk", "put aligned", *(["put steady"] if self.args.steady else []))),
             ("get", ("get aligned", "get plain")),
         ):
             best = min(self.raw[:-1], key=lambda v: med[f"{op} raw {v}"])
@@ -356,6 +377,11 @@ def main() -> None:
         type=int,
         default=0,
         help="the backend's concurrency (default: its own)",
+    )
+    ap.add_argument(
+        "--steady",
+        action="store_true",
+        help="also 'put steady': plain values into directories that exist already",
     )
     ap.add_argument("--engines", action="store_true", help="also compare aiofiles / threads")
     ap.add_argument(
