@@ -28,7 +28,7 @@ SMALL: dict[str, list[str]] = {
     "bench_copy": ["--rounds", "3", "--block", "2"],
     "bench_cpu_backend": [],
     "bench_cpu_storm": ["1"],
-    "bench_disk": ["--sizes", "4", "--total-mib", "64", "--repeats", "1"],
+    "bench_disk": ["--sizes", "4", "--total-mib", "64", "--repeats", "1", "--steady"],
     "bench_disk_ops": ["--rounds", "1"],
     "bench_gds": ["--sizes", "4", "--total-mib", "64", "--repeats", "1"],
     "bench_hierarchy": ["--rounds", "3", "--iters", "50"],
