@@ -396,13 +396,13 @@ def test_a_background_load_reports_a_lower_tier_hit_before_promoting_it(setup: A
     key = DB.make_key(700)
     storage.submit(h.tiers[1].backend.put(key, src)).result(timeout=10)  # disk tier only
     gate = threading.Event()
-    real = h._promote
+    real = h._copy_up  # (what get_into_deferred's promote runs)
 
-    async def held_promote(*args: Any) -> None:
+    async def held_copy_up(*args: Any) -> None:
         await asyncio.to_thread(gate.wait, 10.0)
         await real(*args)
 
-    h._promote = held_promote  # type: ignore[method-assign]
+    h._copy_up = held_copy_up  # type: ignore[method-assign]
     dst_views = caches("cpu", "LBHNC")
     buffers = ChunkBuffers(copier.chunk_shape(2), torch.float32, max_buffers=2)
     loads = AsyncLoads(
@@ -423,7 +423,7 @@ def test_a_background_load_reports_a_lower_tier_hit_before_promoting_it(setup: A
     assert loads.promoted == 1
     # 3 disk chunks through 2 buffers: promotions parked until the load is over would
     # hold both buffers, so they start early; the load finishes, all exact and promoted.
-    h._promote = real  # type: ignore[method-assign]
+    h._copy_up = real  # type: ignore[method-assign]
     keys = [DB.make_key(710 + c) for c in range(3)]
     for c, k in enumerate(keys):
         copier.gather([2 * c, 2 * c + 1], src)
