@@ -362,8 +362,8 @@ class AsyncLoads:
             # and ``limit`` only grow before the chunks they issue are reported): the
             # load is over at the next poll.
             complete = len(job.reported) >= job.next >= job.limit and job.lookup is None
-        if complete or job.closed:
-            self._progress.set()
+        if complete or job.closed or self._starved:  # (starved: a parked promotion may
+            self._progress.set()  # now start and free a buffer for the waiting load)
 
     def _on_fetched(
         self, job: _Job, i: int, held: list[torch.Tensor]
