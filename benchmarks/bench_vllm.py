@@ -135,6 +135,29 @@ def _drop_page_cache(root: str) -> int:
     return drop_page_cache(root)
 
 
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds of each thread of this process, by name: Python threads by their
+    name with digits stripped (``lmcache-scatter_`` for all scatter threads), the main
+    thread as ``main``, the others (vLLM's and torch's native threads) as ``os:<comm>``."""
+    import re
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    main = threading.main_thread().native_id
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            comm = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+            secs = int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
+        n = int(tid)
+        name = "main" if n == main else names.get(n)
+        key = re.sub(r"\d+", "_", name) if name else f"os:{comm}"
+        out[key] = out.get(key, 0.0) + secs
+    return out
+
+
 def _child_disk(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     from lmcache_backend_disk.aligned import aligned_empty
@@ -163,7 +186,33 @@ def _child_disk(spec: dict[str, Any]) -> dict[str, Any]:
     outs = [torch.empty(shape, dtype=torch.float32) for _ in keys]
     # (page-aligned, as the worker's load buffers are: O_DIRECT reads land in them directly)
     aligned = [aligned_empty(shape, torch.float32) for _ in keys]
-    rows: dict[str, list[float]] = {
+    # In-process: each thread's CPU time from the load's start to its report (the
+    # worker's AsyncLoads wrapped), and the engine steps (get_finished calls) in between.
+    marks: dict[str, Any] = {}
+    if spec.get("in_process"):
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+        w = get_kv_transfer_group()._worker
+        loads = w.loads
+        start, finish, get_finished = loads.start, loads._finish, w.get_finished
+        calls = [0]
+
+        def timed_start(*a: Any, **kw: Any) -> Any:
+            marks["start"], marks["calls"] = _thread_cpu(), calls[0]
+            return start(*a, **kw)
+
+        def timed_finish(*a: Any, **kw: Any) -> Any:
+            res = finish(*a, **kw)
+            if "start" in marks:
+                marks["end"], marks["steps"] = _thread_cpu(), calls[0] - marks["calls"]
+            return res
+
+        def counted(*a: Any, **kw: Any) -> Any:
+            calls[0] += 1
+            return get_finished(*a, **kw)
+
+        loads.start, loads._finish, w.get_finished = timed_start, timed_finish, counted
+    rows: dict[str, list[Any]] = {
         "worker": [],
         "worker_reads": [],
         "backend": [],
@@ -178,9 +227,19 @@ def _child_disk(spec: dict[str, Any]) -> dict[str, Any]:
         else:
             llm.reset_prefix_cache()
         _drop_page_cache(spec["disk"])
+        marks.clear()
         _, cached = _ttft(llm, prompt)
+        if "end" in marks:
+            cpu0, cpu1 = marks["start"], marks["end"]
+            rows.setdefault("thread_cpu", []).append(
+                {k: v - cpu0.get(k, 0.0) for k, v in cpu1.items() if v - cpu0.get(k, 0.0) > 0}
+            )
+            rows.setdefault("steps", []).append(marks["steps"])
         assert cached >= len(keys) * ns.chunk_size - 1, cached
-        nbytes, secs, reads = stats("worker")["async_load_throughput"][-1]
+        worker = stats("worker")
+        nbytes, secs, reads = worker["async_load_throughput"][-1]
+        if worker.get("async_load_spans_ms"):
+            rows.setdefault("spans", []).append(worker["async_load_spans_ms"][-1])
         rows["worker"].append(nbytes / secs)
         rows["worker_reads"].append(nbytes / reads)
         # the same chunks read by the backend: one batched call (its own concurrency) ...
@@ -663,6 +722,7 @@ def scenario_disk(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
                 "prefix_caching": True,
                 "tokens": args.disk_chunks * args.chunk_size + 1,
                 "reps": args.disk_reps,
+                "in_process": args.disk_in_process,
                 "disk": str(disk),
                 "stats_dir": str(stats),
                 # a cpu tier above: every repetition clears it (reset_cache), so the load
@@ -715,6 +775,29 @@ def scenario_disk(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
             f"{lo:.2f}-{hi:.2f}x ({_spread(ratios)}); target >= 0.7x: "
             + ("met" if lo >= 0.7 else "not met" if hi < 0.7 else "within noise")
         )
+        spans = [sp for r in runs for sp in r.get("spans", [])]
+        if spans:
+            keys = sorted({k for sp in spans for k in sp if k != "bytes"})
+            print(
+                "    worker's spans per load (ms, median; summed over chunks but lookup, "
+                "issue, last, report): "
+                + ", ".join(
+                    f"{k} {statistics.median(sp.get(k, 0.0) for sp in spans):.1f}" for k in keys
+                )
+            )
+        cpus = [c for r in runs for c in r.get("thread_cpu", [])]
+        steps = [n for r in runs for n in r.get("steps", [])]
+        if steps:
+            print(
+                f"    engine steps from the load's start to its report: {statistics.median(steps)} (median)"
+            )
+        if cpus:
+            names = sorted({k for c in cpus for k in c})
+            per = {k: statistics.median(c.get(k, 0.0) for c in cpus) * 1e3 for k in names}
+            print(
+                "    CPU per thread from the load's start to its report (ms, median): "
+                + ", ".join(f"{k} {v:.1f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]))
+            )
         per_run = [
             statistics.median(x / y for x, y in zip(r["worker"], r["backend"], strict=True))
             for r in runs

@@ -396,13 +396,13 @@ def test_a_background_load_reports_a_lower_tier_hit_before_promoting_it(setup: A
     key = DB.make_key(700)
     storage.submit(h.tiers[1].backend.put(key, src)).result(timeout=10)  # disk tier only
     gate = threading.Event()
-    real = h._promote
+    real = h._copy_up  # (what get_into_deferred's promote runs)
 
-    async def held_promote(*args: Any) -> None:
+    async def held_copy_up(*args: Any) -> None:
         await asyncio.to_thread(gate.wait, 10.0)
         await real(*args)
 
-    h._promote = held_promote  # type: ignore[method-assign]
+    h._copy_up = held_copy_up  # type: ignore[method-assign]
     dst_views = caches("cpu", "LBHNC")
     buffers = ChunkBuffers(copier.chunk_shape(2), torch.float32, max_buffers=2)
     loads = AsyncLoads(
@@ -423,7 +423,7 @@ def test_a_background_load_reports_a_lower_tier_hit_before_promoting_it(setup: A
     assert loads.promoted == 1
     # 3 disk chunks through 2 buffers: promotions parked until the load is over would
     # hold both buffers, so they start early; the load finishes, all exact and promoted.
-    h._promote = real  # type: ignore[method-assign]
+    h._copy_up = real  # type: ignore[method-assign]
     keys = [DB.make_key(710 + c) for c in range(3)]
     for c, k in enumerate(keys):
         copier.gather([2 * c, 2 * c + 1], src)
@@ -437,3 +437,63 @@ def test_a_background_load_reports_a_lower_tier_hit_before_promoting_it(setup: A
     _wait(lambda: buffers.in_use == 0 and loads.promoted == 4)
     storage.submit(h.flush()).result(timeout=10)
     assert all(storage.submit(h.tiers[0].backend.contains(k)).result() for k in keys)
+
+
+def test_an_idle_wait_ends_when_a_load_is_over_not_at_each_chunk(setup: Any) -> None:
+    """The idle step's wait is not ended by one chunk of a load whose other chunk still
+    runs (nothing for the step to report), only by the load being over; and a load of
+    more chunks than staging buffers wakes every wait it needs (no wait runs to its bound)."""
+    import asyncio
+
+    storage, copier, views, _ = setup
+    h = storage.hierarchy
+    src = torch.empty(copier.chunk_shape(2))
+    keys = [DB.make_key(800 + c) for c in range(4)]
+    for c, k in enumerate(keys):
+        copier.gather([2 * c, 2 * c + 1], src)
+        storage.submit(h.tiers[1].backend.put(k, src)).result(timeout=10)  # disk tier only
+    real = h.get_into_deferred
+
+    async def slow_second(key: Any, out: torch.Tensor) -> Any:
+        if key == keys[1]:
+            await asyncio.sleep(0.6)
+        return await real(key, out)
+
+    h.get_into_deferred = slow_second  # type: ignore[method-assign]
+    dst_views = caches("cpu", "LBHNC")
+    buffers = ChunkBuffers(copier.chunk_shape(2), torch.float32, max_buffers=2)
+    loads = AsyncLoads(
+        storage, buffers, BlockCopier(dst_views, BLOCKS), deadline_s=5.0, block_nbytes=1
+    )
+
+    def job(req: str, cs: range, first_block: int) -> list[ChunkLoad]:
+        return [
+            ChunkLoad(req, j, 800 + c, 0, [first_block + 2 * j, first_block + 2 * j + 1])
+            for j, c in enumerate(cs)
+        ]
+
+    loads.start("r", job("r", range(2), 0), keys[:2])
+    _wait(lambda: not loads.poll().finished and loads.pending_fetches() == 2)
+    _wait(lambda: len(loads._jobs["r"].reported) == 1)  # the fast chunk is in place
+    t0 = time.perf_counter()
+    loads.wait_progress(0.2)  # the slow chunk still runs: the wait ends at its bound
+    assert time.perf_counter() - t0 >= 0.15
+    assert not loads.poll().finished
+    loads.wait_progress(5.0)  # woken by the load being over
+    assert time.perf_counter() - t0 < 3.0
+    assert "r" in loads.poll().finished
+    for layer in range(LAYERS):
+        assert torch.equal(dst_views[layer][0:4], views[layer][0:4])
+    # 4 chunks through 2 buffers (promotions parked with theirs start early): every
+    # wait is woken by what the next poll must do, none runs to its bound.
+    h.get_into_deferred = real  # type: ignore[method-assign]
+    _wait(lambda: buffers.in_use == 0)
+    loads.start("s", job("s", range(4), 8), keys)
+    done: set[str] = set()
+    while "s" not in done:
+        t1 = time.perf_counter()
+        loads.wait_progress(2.0)
+        assert time.perf_counter() - t1 < 1.5
+        done.update(loads.poll().finished)
+    for layer in range(LAYERS):
+        assert torch.equal(dst_views[layer][8:16], views[layer][0:8])

@@ -15,8 +15,10 @@ the whole load is over (or when staging buffers run short), so promotions neithe
 and reports the requests whose load is over.
 
 A step that computes nothing (vLLM steps back to back while requests wait for their KV)
-may first :meth:`AsyncLoads.wait_progress`: a few milliseconds at most, woken by the
-next chunk or lookup to finish, so an idle engine does not spin a core that the reads
+may first :meth:`AsyncLoads.wait_progress`: a few milliseconds at most, woken only by
+what that step acts on (a lookup finished, so reads can be issued; a load whose every
+chunk is in place or failed, so it can be reported; a staging buffer back while a load
+waits for one), not by each chunk, so an idle engine does not spin a core that the reads
 and copies need.
 
 Blocks are written only while their load is live: vLLM keeps them allocated until the
@@ -135,8 +137,10 @@ class AsyncLoads:
         self.rate_by_tier: dict[str, list[float]] = {}
         #: (tier, bytes, seconds) of each finished load since :meth:`take_observations`
         self._observations: list[tuple[str, int, float]] = []
-        #: set by every finished fetch and lookup; cleared by :meth:`poll`
+        #: set when a lookup finishes, a load's last chunk is reported, or a buffer comes
+        #: back while a load waits for one; cleared by :meth:`poll`
         self._progress = threading.Event()
+        self._starved = False  # a load found no free staging buffer (poll's thread sets it)
         self._scatter_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="lmcache-scatter"
         )
@@ -179,8 +183,10 @@ class AsyncLoads:
         self._jobs[req_id] = job
 
     def wait_progress(self, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` until a fetch or lookup finishes since the last
-        :meth:`poll` (at once when one has, or when no load runs)."""
+        """Wait up to ``timeout_s`` until the next :meth:`poll` has something to act on
+        (at once when it has, or when no load runs): a lookup finished, a load has every
+        chunk in place or failed, or a staging buffer came back while a load waits for
+        one. A chunk in place while others of its load still run does not end the wait."""
         if not self._jobs or self._progress.is_set():
             return
         t0 = time.perf_counter()
@@ -226,6 +232,7 @@ class AsyncLoads:
             t0 = time.perf_counter()
             buf = self.buffers.take()
             if buf is None:  # promotions parked until their load is over hold buffers
+                self._starved = True  # (the next buffer given back wakes the idle wait)
                 for other in list(self._jobs.values()):
                     if other.promotions:
                         self._start_promotions(other)
@@ -250,6 +257,8 @@ class AsyncLoads:
             buf = held.pop() if held else None
         if buf is not None:
             self.buffers.give(buf)
+            if self._starved:
+                self._progress.set()
 
     async def _fetch(self, job: _Job, i: int, held: list[torch.Tensor], submitted: float) -> None:
         """Read chunk ``i`` into the staging buffer ``held[0]``, copy it into the
@@ -348,7 +357,13 @@ class AsyncLoads:
             job.reported.add(i)
         job.last_fetch = time.monotonic()
         job.done.append((i, ok))  # list.append is atomic
-        self._progress.set()
+        with self._stats_lock:
+            # Every chunk issued so far is reported and none is left to issue (``next``
+            # and ``limit`` only grow before the chunks they issue are reported): the
+            # load is over at the next poll.
+            complete = len(job.reported) >= job.next >= job.limit and job.lookup is None
+        if complete or job.closed or self._starved:  # (starved: a parked promotion may
+            self._progress.set()  # now start and free a buffer for the waiting load)
 
     def _on_fetched(
         self, job: _Job, i: int, held: list[torch.Tensor]
@@ -368,6 +383,7 @@ class AsyncLoads:
         report the loads that are over."""
         out = LoadOutcome()
         self._progress.clear()  # (what finishes from here on sets it again)
+        self._starved = False  # (set again by _issue when buffers still run short)
         now = time.monotonic()
         for req_id, job in list(self._jobs.items()):
             if job.lookup is not None and job.lookup.done():

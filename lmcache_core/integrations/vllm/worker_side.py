@@ -54,10 +54,11 @@ WITHDRAW_WINDOW = 4
 #: Tier health goes into vLLM's statistics when it changes, and at least this often.
 HEALTH_EVERY_S = 5.0
 #: In a step that computes nothing while background loads run, ``get_finished`` waits up
-#: to this long for one of them to progress: vLLM steps back to back while requests wait
-#: for their KV, and that loop would otherwise hold a core the reads and copies need
-#: (a request arriving meanwhile starts at most this much later).
-IDLE_WAIT_S = 0.005
+#: to this long for one of them to finish (or to need the step: see
+#: :meth:`AsyncLoads.wait_progress`): vLLM steps back to back while requests wait for their
+#: KV, and each idle step costs the engine thread ~5 ms of CPU that the reads and copies
+#: need on a small machine (a request arriving meanwhile starts at most this much later).
+IDLE_WAIT_S = 0.02
 
 
 @dataclass
