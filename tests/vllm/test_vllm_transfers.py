@@ -484,6 +484,18 @@ def test_an_idle_wait_ends_when_a_load_is_over_not_at_each_chunk(setup: Any) -> 
     assert "r" in loads.poll().finished
     for layer in range(LAYERS):
         assert torch.equal(dst_views[layer][0:4], views[layer][0:4])
+    # A partial hit (the third chunk is in no tier: the lookup stops the load at two) whose
+    # slow chunk is reported after a poll found nothing left to issue: still woken when
+    # the load is over, not at the wait's bound.
+    partial = [*job("p", range(2), 4), ChunkLoad("p", 2, 899, 0, [8, 9])]
+    loads.start("p", partial, [*keys[:2], DB.make_key(899)])
+    _wait(lambda: not loads.poll().finished and loads.pending_fetches() == 2)
+    assert not loads.poll().finished  # (nothing left to issue)
+    t0 = time.perf_counter()
+    loads.wait_progress(5.0)
+    assert time.perf_counter() - t0 < 3.0
+    out = loads.poll()
+    assert "p" in out.finished and out.failed_chunks.get("p") == [2]
     # 4 chunks through 2 buffers (promotions parked with theirs start early): every
     # wait is woken by what the next poll must do, none runs to its bound.
     h.get_into_deferred = real  # type: ignore[method-assign]

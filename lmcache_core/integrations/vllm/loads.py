@@ -358,10 +358,10 @@ class AsyncLoads:
         job.last_fetch = time.monotonic()
         job.done.append((i, ok))  # list.append is atomic
         with self._stats_lock:
-            # Every chunk issued so far is reported and none is left to issue (``next``
-            # and ``limit`` only grow before the chunks they issue are reported): the
-            # load is over at the next poll.
-            complete = len(job.reported) >= job.next >= job.limit and job.lookup is None
+            # None is left to issue and every issued chunk (the first ``limit``: once
+            # ``next`` reaches ``limit``, ``_issue`` moves it on to the end of the load)
+            # is reported: the load is over at the next poll.
+            complete = job.lookup is None and len(job.reported) >= job.limit <= job.next
         if complete or job.closed or self._starved:  # (starved: a parked promotion may
             self._progress.set()  # now start and free a buffer for the waiting load)
 
