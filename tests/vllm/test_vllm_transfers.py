@@ -509,3 +509,46 @@ def test_an_idle_wait_ends_when_a_load_is_over_not_at_each_chunk(setup: Any) -> 
         done.update(loads.poll().finished)
     for layer in range(LAYERS):
         assert torch.equal(dst_views[layer][8:16], views[layer][0:8])
+
+
+def test_a_buffer_given_back_as_a_load_finds_none_free_is_taken_at_once(setup: Any) -> None:
+    """A staging buffer given back by another thread between a load's failed ``take`` and
+    the flag that makes a give wake the idle wait (so it woke nothing) is taken at once by
+    the load: the chunk is issued in the same poll, and the idle wait ends when the load is
+    over instead of running to its bound."""
+    storage, copier, views, _ = setup
+    h = storage.hierarchy
+    src = torch.empty(copier.chunk_shape(2))
+    copier.gather([0, 1], src)
+    key = DB.make_key(900)
+    storage.submit(h.tiers[1].backend.put(key, src)).result(timeout=10)  # disk tier only
+    held: list[torch.Tensor] = []
+    box: list[AsyncLoads] = []
+
+    class Racy(ChunkBuffers):
+        armed = True
+
+        def take(self) -> torch.Tensor | None:
+            buf = super().take()
+            if buf is None and self.armed:  # the race: the give lands right now
+                self.armed = False
+                box[0]._give(held)
+            return buf
+
+    buffers = Racy(copier.chunk_shape(2), torch.float32, max_buffers=1)
+    held.append(buffers.take())  # (as a fetch still running would hold it)
+    dst_views = caches("cpu", "LBHNC")
+    loads = AsyncLoads(
+        storage, buffers, BlockCopier(dst_views, BLOCKS), deadline_s=5.0, block_nbytes=1
+    )
+    box.append(loads)
+    loads.start("x", [ChunkLoad("x", 0, 900, 0, [4, 5])], [key])
+    _wait(lambda: loads.poll() is not None and not buffers.armed)
+    assert loads._jobs["x"].next == 1  # issued in the poll that first found none free
+    t0 = time.perf_counter()
+    loads.wait_progress(3.0)
+    assert time.perf_counter() - t0 < 2.0
+    done: set[str] = set()
+    _wait(lambda: done.update(loads.poll().finished) or "x" in done)
+    for layer in range(LAYERS):
+        assert torch.equal(dst_views[layer][4:6], views[layer][0:2])

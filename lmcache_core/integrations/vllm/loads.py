@@ -233,6 +233,10 @@ class AsyncLoads:
             buf = self.buffers.take()
             if buf is None:  # promotions parked until their load is over hold buffers
                 self._starved = True  # (the next buffer given back wakes the idle wait)
+                # A buffer given back between the failed take and the flag did not wake
+                # anything (its giver saw the flag down): try once more now it is up.
+                buf = self.buffers.take()
+            if buf is None:
                 for other in list(self._jobs.values()):
                     if other.promotions:
                         self._start_promotions(other)
