@@ -50,7 +50,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(STAGE) docs $(BIN)/mkdocs build --strict -q
 
 pytest: $(STAMP)
-	$(STAGE) pytest $(BIN)/python -m pytest
+	$(STAGE) pytest $(BIN)/python -m pytest --durations=30
 
 test: lint typecheck docs pytest
 
