@@ -19,7 +19,9 @@ so both sides store, evict and hit exactly the same chunks and differ only in th
 the policy spends deciding (a plain no-op policy that admits everything would do other
 work: the cost-aware policy refuses chunks and so stores fewer). The runs check that the
 replay reproduced the hits. Both policies are registered through ``add_policy``, so both
-take the same code path.
+take the same code path. Every timed run starts after ``gc.collect()`` with only the
+recorded decisions kept from earlier runs (no policy object of an earlier run alive), in
+an order rotated each round; the time each arm spent in the collector is printed.
 
 Run: ``flock /tmp/lmcache-heavy.lock .venv/bin/python benchmarks/bench_placement.py``
 (add ``--hierarchy`` for the real path)
@@ -28,6 +30,8 @@ Run: ``flock /tmp/lmcache-heavy.lock .venv/bin/python benchmarks/bench_placement
 from __future__ import annotations
 
 import argparse
+import gc
+import hashlib
 import statistics
 import time
 from collections import OrderedDict
@@ -41,6 +45,27 @@ from lmcache_core.placement import ChunkInfo, PlacementPolicy, SimConfig, SimTie
 from lmcache_core.placement.base import record_accesses, victim_in
 from lmcache_core.placement.simulator import chunk_chain, working_set_bytes
 from lmcache_core.placement.traces import rag_trace
+
+
+class GcClock:
+    """Time spent in the garbage collector (``gc.callbacks``) and full collections."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self._t0 = 0.0
+        gc.callbacks.append(self._cb)
+
+    def reset(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+
+    def _cb(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._t0
+            self.full += info["generation"] == 2
 
 
 class NoopPolicy:
@@ -209,21 +234,25 @@ def main_hierarchy(
 
     registry = BackendRegistry()
     load_plugins(registry, entry_points=[], settings=PluginSettings(strict=True))
+    clock = GcClock()
     cap_chunks = max(1, cap // (256 * 131072))
     policies = args.policies.split(",")
-    made: dict[str, PlacementPolicy] = {}
+    # Only the recorded decisions outlive the recording run: keeping its policy (or any
+    # timed run's policy) alive would leave 10^5 tracked objects in the heap that every
+    # later full collection walks, in whichever run it lands.
+    recorder: dict[str, Recorder] = {}
+    recorded: dict[str, tuple[list[bool], list[Hashable | None]]] = {}
 
     def factory_for(name: str) -> Any:
         def make(ctx: PolicyContext) -> PlacementPolicy:
             if name.startswith("replay-"):
-                rec = made[f"rec-{name[7:]}"]
-                assert isinstance(rec, Recorder)
-                return ReplayPolicy(rec.admits, rec.victims)
+                admits, victims = recorded[name[7:]]
+                return ReplayPolicy(admits, victims)
             base = name[4:] if name.startswith("rec-") else name
             pol: PlacementPolicy = BUILTIN_FACTORIES[base](ctx)
             if name.startswith("rec-"):
-                pol = Recorder(pol)
-            made[name] = pol
+                recorder[base] = rec = Recorder(pol)
+                return rec
             return pol
 
         return make
@@ -231,30 +260,61 @@ def main_hierarchy(
     for p in policies:
         for name in (f"x-{p}", f"rec-{p}", f"replay-{p}"):
             registry.add_policy(name, factory_for(name if not name.startswith("x-") else p))
+    # Chunk hashes numbered by first appearance (the simulator's keys hash None, whose hash
+    # is its address: they differ from process to process), so that every process stores
+    # the same keys and the decisions' digest compares across processes and versions.
+    ids: dict[Hashable, int] = {}
+
+    def stable(k: Hashable) -> int:
+        return (ids.setdefault(k, len(ids)) * 0x9E3779B97F4A7C15 + 12345) & 0xFFFFFFFFFFFFFFFF
+
     reqs = [
-        [CacheEngineKey("bench", 1, 0, hash(k) & 0xFFFFFFFFFFFFFFFF, "uint8") for k, _ in chain]
-        for chain in stream
+        [CacheEngineKey("bench", 1, 0, stable(k), "uint8") for k, _ in chain] for chain in stream
     ]
 
     def run(name: str, part: list[list[Any]]) -> tuple[float, int]:
         return asyncio.run(replay_hierarchy(part, name, cap_chunks, registry, args.chunk_bytes))
 
     # the decisions each policy makes on this stream (recorded once, untimed)
-    expected = {p: run(f"rec-{p}", reqs)[1] for p in policies}
+    expected = {}
+    for p in policies:
+        expected[p] = run(f"rec-{p}", reqs)[1]
+        rec = recorder.pop(p)
+        recorded[p] = (rec.admits, rec.victims)
+        digest = hashlib.sha256(repr(recorded[p]).encode()).hexdigest()[:16]
+        print(
+            f"{p}: {sum(rec.admits)} admitted, {len(rec.admits) - sum(rec.admits)} refused, "
+            f"{len(rec.victims)} victims named, decisions sha256 {digest}",
+            flush=True,
+        )
+        del rec
     names = [x for p in policies for x in (f"x-{p}", f"replay-{p}-A", f"replay-{p}-B")]
     samples: dict[str, list[float]] = {k: [] for k in names}
+    gc_secs: dict[str, list[float]] = {k: [] for k in names}
+    gc_full: dict[str, int] = dict.fromkeys(names, 0)
     for p in policies:  # warm-up
         run(f"x-{p}", reqs[: len(reqs) // 20])
-    for _ in range(args.rounds):
-        for name in names:
+    for r in range(args.rounds):
+        # rotated, so that no arm always follows the same one
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             reg = name[:-2] if name.startswith("replay-") else name
+            gc.collect()  # every run starts from the same heap: the last runs' garbage gone
+            clock.reset()
             secs, hits = run(reg, reqs)
             if hits != expected[name.split("-")[1]]:
                 raise SystemExit(f"{name}: {hits} hits, the recorded run had {expected}")
             samples[name].append(secs / n)
+            gc_secs[name].append(clock.seconds / n)
+            gc_full[name] += clock.full
     print(f"{n} chunks per round, {args.rounds} interleaved rounds, tier = 25% of working set")
     print("path: the hierarchy's lookup_prefix + batched_put, cpu tier")
     print("baseline: a no-op policy replaying the policy's own decisions (same work)")
+    print("each run after gc.collect(); only the recorded decisions kept between runs")
+    for name in names:
+        print(
+            f"  {name:<16} collector {1e6 * statistics.median(gc_secs[name]):5.2f} us/chunk "
+            f"(median), full collections {gc_full[name]} in {args.rounds} runs"
+        )
     print(
         f"{'policy':<8} {'us/chunk':>9} {'replay':>9} {'A/A':>7} {'minus replay':>13} "
         f"{'ratio':>7}  within 5 us"
@@ -302,6 +362,9 @@ def main() -> int:
         "charges 1 KiB per entry, which the policy does not see)",
     )
     args = ap.parse_args()
+    import lmcache_core
+
+    print(f"lmcache_core: {lmcache_core.__file__}")
     trace = rag_trace(n_requests=args.chunks // 4 + 100, alpha=0.8)
     kvb = 131072
     stream: list[list[tuple[Hashable, ChunkInfo]]] = []
@@ -327,7 +390,10 @@ def main() -> int:
         replay(stream[: len(stream) // 10], fresh(name), cap)
     for _ in range(args.rounds):
         for name in names:
-            samples[name].append(replay(stream, fresh(name), cap) / n)
+            pol = fresh(name)
+            gc.collect()  # the same heap for every run: the last run's garbage gone
+            samples[name].append(replay(stream, pol, cap) / n)
+            del pol
     report(samples, args, n, "the simulator's tier (the policy alone)")
     return 0
 
