@@ -10,6 +10,10 @@ Scenarios (``--scenario``, default all), on the demo's model (8-layer float32 Ll
   hit against the pair's vLLM hit, and against the geometric mean of both of the pair's
   vLLM hits), beside the same for vLLM's hit against itself. Target: <= 1.2x.
   ``--hit-in-process`` also times the connector's hooks on the engine thread, per hook.
+  ``--ref DIR`` (repeatable): one engine per version (this tree, each ``DIR`` on
+  ``PYTHONPATH``) alive together, each measuring one pair per round, the versions in
+  random order per round; each version's ratio, and this tree's / each ref's per round
+  (a ref that is a copy of this tree gives an A/A between engine processes).
 * ``disk``: one request loading N chunks from a disk-only tier on an idle in-process
   engine, page cache dropped for the tier's files (``posix_fadvise``): bytes / (first
   read issued -> ``get_finished`` reported), from the worker's statistics; against the
@@ -309,6 +313,45 @@ def _child_serve(spec: dict[str, Any], out_prefix: str) -> None:
             done = time.perf_counter() - t0
             res = [done, done + _wait_saves()]
             assert all(o.num_cached_tokens == 0 for o in outs)
+        else:
+            break
+        Path(f"{out_prefix}.{n}.json").write_text(json.dumps(res))
+        print(f"DONE {n}", flush=True)
+    llm.llm_engine.engine_core.shutdown()
+
+
+def _child_hitserve(spec: dict[str, Any], out_prefix: str) -> None:
+    """An engine taking hit measurements on request, one per line of stdin (``--ref``:
+    engines of several versions alive together, their pairs interleaved): ``prep I``
+    (prompt ``I``'s cold prefill, then one unrecorded vLLM hit once its chunks are
+    stored) or ``pair I SEED`` (a vLLM hit, its A/A twin and a connector hit of prompt
+    ``I``, in an order drawn from ``SEED``), answering ``DONE n`` once the result is in
+    ``<out_prefix>.<n>.json``."""
+    import lmcache_core
+
+    llm = _llm(spec)
+    _ttft(llm, list(range(4, 300)))
+    prompts = _prompts(spec, spec["prompts"], spec["tokens"], 7)
+    print("READY", flush=True)
+    for n, line in enumerate(sys.stdin):
+        what, *rest = line.split()
+        res: Any
+        if what == "prep":
+            p = prompts[int(rest[0])]
+            res = {"cold": _ttft(llm, p)}
+            time.sleep(1.0)
+            _ttft(llm, p)
+        elif what == "pair":
+            p = prompts[int(rest[0])]
+            order = ["vllm", "vllm_aa", "connector"]
+            random.Random(int(rest[1])).shuffle(order)
+            res = {}
+            for m in order:
+                if m == "connector":
+                    llm.reset_prefix_cache()
+                res[m] = _ttft(llm, p)
+        elif what == "where":
+            res = {"lmcache_core": str(Path(lmcache_core.__file__).resolve())}
         else:
             break
         Path(f"{out_prefix}.{n}.json").write_text(json.dumps(res))
@@ -653,6 +696,9 @@ def scenario_hit(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> N
         "pairs": args.pairs,
         "in_process": args.hit_in_process,
     }
+    if args.ref:
+        _scenario_hit_versions(args, spec, tmp)
+        return
     rows = _run_child("hit", spec, tmp, in_process=args.hit_in_process)
     hooks = rows.pop("hooks", None)
     by_hook = rows.pop("by_hook", None)
@@ -695,6 +741,90 @@ def scenario_hit(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> N
             if max(per.values(), default=0.0) >= 0.01:
                 print(f"    {n:<28} " + ", ".join(f"{k} {x:.2f} ms" for k, x in per.items()))
     print(f"  cold / connector: {med['cold'] / med['connector']:.1f}x")
+
+
+def _scenario_hit_versions(args: argparse.Namespace, spec: dict[str, Any], tmp: Path) -> None:
+    """``--scenario hit --ref DIR ...``: one engine process per version (this tree and
+    each ``--ref``) alive together; per prompt and pair, each engine measures one pair
+    (vLLM hit, A/A twin, connector hit), the versions in random order. Each version's
+    connector / vLLM ratio as in the single-engine run, and each ``--ref`` against this
+    tree: per pair round, this tree's ratio / the ref's ratio (pass a copy of this tree
+    as a ``--ref`` for an A/A between engines)."""
+    versions: list[tuple[str, str | None]] = [("this tree", None)]
+    for ref in args.ref:
+        versions.append((f"--ref {ref}", str(Path(ref).resolve())))
+    servers = []
+    for v, (_label, pythonpath) in enumerate(versions):
+        s = {
+            **spec,
+            "ktc": _ktc(spec["ktc"]["kv_connector_extra_config"]["config"], tmp / f"stats-hit-{v}"),
+        }
+        servers.append(
+            _Server(
+                f"hit-{v}",
+                s,
+                tmp,
+                pythonpath,
+                kind="hitserve",
+                in_process=args.hit_in_process,
+                kv_space=_env(False).get("VLLM_CPU_KVCACHE_SPACE", "4"),
+            )
+        )
+    for (label, _), srv in zip(versions, servers, strict=True):
+        print(f"  {label}: lmcache_core from {srv.request('where')['lmcache_core']}")
+    rng = random.Random(11)
+    rows: list[dict[str, list[Any]]] = [
+        {"cold": [], "vllm": [], "vllm_aa": [], "connector": []} for _ in versions
+    ]
+    t0 = time.monotonic()
+    try:
+        for i in range(args.prompts):
+            for v, srv in enumerate(servers):
+                rows[v]["cold"].append(srv.request(f"prep {i}")["cold"])
+            for _ in range(args.pairs):
+                order = list(range(len(servers)))
+                rng.shuffle(order)
+                seed = rng.randrange(1 << 30)
+                for v in order:
+                    res = servers[v].request(f"pair {i} {seed}")
+                    for k, x in res.items():
+                        rows[v][k].append(x)
+    finally:
+        for srv in servers:
+            srv.close()
+    print(
+        f"hit: {args.prompts} prompts x {args.tokens} tokens, {args.pairs} interleaved pairs "
+        f"each, {args.tier} tier, {len(versions)} engine processes alive together, versions "
+        f"interleaved per pair ({time.monotonic() - t0:.0f} s)"
+    )
+    ratios = []
+    for v, ((label, _), r) in enumerate(zip(versions, rows, strict=True)):
+        rat = [c[0] / x[0] for c, x in zip(r["connector"], r["vllm"], strict=True)]
+        aa = [a[0] / x[0] for a, x in zip(r["vllm_aa"], r["vllm"], strict=True)]
+        both = [
+            c[0] / (x[0] * a[0]) ** 0.5
+            for c, x, a in zip(r["connector"], r["vllm"], r["vllm_aa"], strict=True)
+        ]
+        ratios.append(both)
+        med = {k: statistics.median(t for t, _ in xs) for k, xs in r.items()}
+        cached = sorted({c for _, c in r["connector"]})
+        print(
+            f"  {label}: TTFT medians cold {med['cold'] * 1e3:.1f} ms, vLLM hit "
+            f"{med['vllm'] * 1e3:.1f} ms, A/A twin {med['vllm_aa'] * 1e3:.1f} ms, connector hit "
+            f"{med['connector'] * 1e3:.1f} ms (cached tokens {cached})"
+        )
+        print(f"    connector / vLLM hit, per pair: {_verdict(rat, aa, 1.2)}")
+        print(
+            f"    connector / geometric mean of the pair's two vLLM hits: {_verdict(both, aa, 1.2)}"
+        )
+        _print_load_breakdown(tmp / f"stats-hit-{v}", len(r["connector"]))
+    for (label, _), both in zip(versions[1:], ratios[1:], strict=True):
+        paired = [a / b for a, b in zip(ratios[0], both, strict=True)]
+        pm, plo, phi = _median_ci(paired, seed=3)
+        print(
+            f"  this tree / {label}, per pair round (connector / both vLLM hits, each in its "
+            f"own engine): median {pm:.3f}x, 95% CI {plo:.3f}-{phi:.3f}x"
+        )
 
 
 def scenario_disk(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> None:
@@ -809,7 +939,14 @@ class _Server:
     """A child engine process taking miss measurements on request (see _child_serve)."""
 
     def __init__(
-        self, name: str, spec: dict[str, Any], tmp: Path, pythonpath: str | None = None
+        self,
+        name: str,
+        spec: dict[str, Any],
+        tmp: Path,
+        pythonpath: str | None = None,
+        kind: str = "serve",
+        in_process: bool = True,
+        kv_space: str = "2",
     ) -> None:
         spec_path = tmp / f"serve-{name}.spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -820,15 +957,15 @@ class _Server:
                 sys.executable,
                 __file__,
                 "--child",
-                "serve",
+                kind,
                 "--spec",
                 str(spec_path),
                 "--out",
                 self.out,
             ],
             env={
-                **_env(True),
-                "VLLM_CPU_KVCACHE_SPACE": "2",
+                **_env(in_process),
+                "VLLM_CPU_KVCACHE_SPACE": kv_space,
                 **({"PYTHONPATH": pythonpath} if pythonpath else {}),
             },
             stdin=subprocess.PIPE,
@@ -847,13 +984,18 @@ class _Server:
         raise SystemExit(f"engine child exited; see {self.log.name}")
 
     def ask(self, what: str, seed: int) -> tuple[float, float]:
+        first, saved = self.request(f"{what} {seed}")
+        return float(first), float(saved)
+
+    def request(self, line: str) -> Any:
+        """Send one request line; its result (JSON)."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write(f"{what} {seed}\n")
+        self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
         self._wait(f"DONE {self.n}")
-        first, saved = json.loads(Path(f"{self.out}.{self.n}.json").read_text())
+        res = json.loads(Path(f"{self.out}.{self.n}.json").read_text())
         self.n += 1
-        return float(first), float(saved)
+        return res
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -1084,8 +1226,9 @@ def main() -> int:
         "--ref",
         metavar="DIR",
         action="append",
-        help="disk: also run the worker of another version (repeatable): PYTHONPATH=DIR for "
-        "its engines (DIR/lmcache_core and DIR/lmcache_backend_disk, e.g. from git archive)",
+        help="disk and hit: also run the worker of another version (repeatable): "
+        "PYTHONPATH=DIR for its engines (DIR/lmcache_core and DIR/lmcache_backend_disk, e.g. "
+        "from git archive); hit: one engine per version alive together, pairs interleaved",
     )
     ap.add_argument(
         "--disk-in-process",
@@ -1149,8 +1292,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.child:
         spec = json.loads(Path(args.spec).read_text())
-        if args.child == "serve":
-            _child_serve(spec, args.out)
+        if args.child in ("serve", "hitserve"):
+            (_child_serve if args.child == "serve" else _child_hitserve)(spec, args.out)
             return 0
         fn = {"hit": _child_hit, "disk": _child_disk, "toggle": _child_toggle}[args.child]
         Path(args.out).write_text(json.dumps(fn(spec)))
