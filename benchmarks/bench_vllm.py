@@ -25,7 +25,9 @@ Scenarios (``--scenario``, default all), on the demo's model (8-layer float32 Ll
   on and off between measurements (off, its scheduler side reports no hit and plans
   nothing; vLLM still calls every hook), per round in random order: on, off, off again
   (the A/A twin) and, with ``--miss-on0`` when the copy threads run nicer than vLLM, on
-  with them at vLLM's priority; TTFT in ``--miss-ttft-per-round`` sub-rounds per round,
+  with them at vLLM's priority, and with ``--miss-idle-arm`` on with every ``lmcache-*``
+  thread but the IO loop at ``SCHED_IDLE`` (root only); TTFT in
+  ``--miss-ttft-per-round`` sub-rounds per round,
   each its own ratio sample; it also times the connector's hooks on the engine thread and the CPU time
   of the process's other Python threads. ``--miss-design engines``: engine processes
   with and without the connector alive together (two identical processes measured 15%
@@ -493,6 +495,26 @@ def _copy_threads(worker: Any) -> list[int]:
     ]
 
 
+def _background_idle(idle: bool) -> None:
+    """Arm ``onidle`` (``--miss-idle-arm``): every ``lmcache-*`` thread but the IO loop at
+    ``SCHED_IDLE`` (only idle CPU), or back at ``SCHED_OTHER`` (the nice value stays; a
+    thread started meanwhile by an idle one inherited its policy). Needs root to switch
+    back."""
+    import threading
+
+    for t in threading.enumerate():
+        tid = t.native_id
+        if tid is None or not t.name.startswith("lmcache-") or t.name == "lmcache-io":
+            continue
+        try:
+            if idle:
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            elif os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            continue
+
+
 def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
     """Miss overhead in one in-process engine: per round, the connector on, off, and off
     again (the A/A twin), in random order, for one unique prompt's TTFT and a batch of 20
@@ -527,8 +549,22 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
     arms = ["on", "off", "off2"]
     if spec.get("on0") and any(n != base_nice for n in nices.values()):
         arms.append("on0")
+    if spec.get("idle_arm"):
+        arms.append("onidle")
+    saves = worker._worker.saves
+    real_submit = saves.submit
+    if spec.get("split_arms"):
+        arms += ["plan", "gather"]
+        scratch = saves.buffers.take()
+
+        def gather_only(items: list[Any]) -> list[Any]:
+            for it in items:  # the gathers, into one reused buffer; nothing stored
+                saves.copier.gather_to_host(it.block_ids, scratch, it.other_blocks)
+            return []
+
     out: dict[str, Any] = {w: {a: [] for a in arms} for w in ("ttft", "batch")}
-    seeds = {"on": 0, "off": 250, "off2": 500, "on0": 750}
+    seeds = {"on": 0, "off": 250, "off2": 500, "on0": 750, "onidle": 875, "plan": 125}
+    seeds["gather"] = 375
     t_start = time.monotonic()
     rounds = 0
     for rep in range(spec["reps"]):
@@ -540,9 +576,15 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
             order = list(arms)
             rng.shuffle(order)
             for arm in order:
-                switch.set(arm in ("on", "on0"))
+                switch.set(arm in ("on", "on0", "onidle", "plan", "gather"))
+                saves.submit = {
+                    "plan": lambda items: [],
+                    "gather": gather_only if spec.get("split_arms") else None,
+                }.get(arm, real_submit)
                 for t, n in nices.items():
                     os.setpriority(os.PRIO_PROCESS, t, base_nice if arm == "on0" else n)
+                if "onidle" in arms:
+                    _background_idle(arm == "onidle")
                 time.sleep(0.3)  # let the connector's threads go idle
                 seed = 1000 * rep + seeds[arm] + (7 if what == "batch" else 11 * sub)
                 hook0, cpu0 = timer.seconds, timer.other_threads_cpu()
@@ -1032,6 +1074,8 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         "budget_s": args.miss_budget_s,
         "ttft_per_round": args.miss_ttft_per_round,
         "on0": args.miss_on0,
+        "idle_arm": args.miss_idle_arm,
+        "split_arms": args.miss_split_arms,
         "warm_batches": args.miss_warm_batches,
     }
     res = _run_child("toggle", spec, tmp, in_process=True)
@@ -1078,6 +1122,27 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
             )
             pmed, plo, phi = _median_ci([a / b for a, b in zip(on, on0, strict=True)], seed=4)
             print(f"    on / on0, paired: median {pmed:.3f}x, 95% CI {plo:.3f}-{phi:.3f}x")
+        if "onidle" in rows:
+            oi = [m["first"] for m in rows["onidle"]]
+            ri = [c / n for c, n in zip(oi, base_, strict=True)]
+            print(
+                f"    onidle (background threads at SCHED_IDLE) median "
+                f"{statistics.median(oi) * scale:.1f} {unit}; onidle / off, per round: "
+                f"{_verdict(ri, aa, 1.05)}"
+            )
+            pmed, plo, phi = _median_ci([a / b for a, b in zip(oi, on, strict=True)], seed=4)
+            print(f"    onidle / on, paired: median {pmed:.3f}x, 95% CI {plo:.3f}-{phi:.3f}x")
+            sd = [m["saved"] - m["first"] for m in rows["onidle"]]
+            print(f"    onidle: saves done {statistics.median(sd) * 1e3:.0f} ms after the outputs")
+        for arm in [a for a in ("plan", "gather") if a in rows]:
+            xs = [m["first"] for m in rows[arm]]
+            rx = [c / n for c, n in zip(xs, base_, strict=True)]
+            pmed, plo, phi = _median_ci([a / b for a, b in zip(on, xs, strict=True)], seed=4)
+            print(
+                f"    {arm} median {statistics.median(xs) * scale:.1f} {unit}; {arm} / off, per "
+                f"round: {_verdict(rx, aa, 1.05)}; on / {arm}, paired: median {pmed:.3f}x, "
+                f"95% CI {plo:.3f}-{phi:.3f}x"
+            )
         durable = [m["saved"] / n for m, n in zip(rows["on"], base_, strict=True)]
         dmed, dlo, dhi = _median_ci(durable, seed=2)
         print(
@@ -1085,7 +1150,7 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
             f"95% CI {dlo:.3f}-{dhi:.3f}x"
         )
         # Where the connector's time goes, as fractions of the off arm's wall time.
-        for arm in [a for a in ("on", "on0", "off") if a in rows]:
+        for arm in [a for a in ("on", "on0", "onidle", "plan", "gather", "off") if a in rows]:
             hooks = statistics.median(m["hooks"] for m in rows[arm])
             thr = statistics.median(m["threads_cpu"] for m in rows[arm])
             ref = statistics.median(off)
@@ -1270,6 +1335,18 @@ def main() -> int:
         action="store_true",
         help="miss (toggle): also the arm 'on0', the connector on with its copy threads at "
         "vLLM's priority (when copy_nice lowers them)",
+    )
+    ap.add_argument(
+        "--miss-split-arms",
+        action="store_true",
+        help="miss (toggle): also the arms 'plan' (connector on, the worker gathers and "
+        "stores nothing) and 'gather' (it gathers into one reused buffer, stores nothing)",
+    )
+    ap.add_argument(
+        "--miss-idle-arm",
+        action="store_true",
+        help="miss (toggle): also the arm 'onidle', the connector on with its background "
+        "threads (all but the IO loop) at SCHED_IDLE",
     )
     ap.add_argument(
         "--miss-stats-file",
