@@ -686,6 +686,12 @@ def _median_ci(xs: list[float], seed: int = 0, n: int = 4000) -> tuple[float, fl
     return statistics.median(xs), meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
 
 
+def _ci_text(xs: list[float], seed: int = 0) -> str:
+    """``median ...x, 95% CI ...-...x`` of the ratios ``xs`` (:func:`_median_ci`)."""
+    med, lo, hi = _median_ci(xs, seed=seed)
+    return f"median {med:.3f}x, 95% CI {lo:.3f}-{hi:.3f}x"
+
+
 def _verdict(ratio: list[float], aa: list[float], target: float) -> str:
     """``met`` / ``not met`` when the median's 95% interval lies on one side of the
     target, else ``within noise``; also ``within noise`` when the A/A median's interval
@@ -862,10 +868,9 @@ def _scenario_hit_versions(args: argparse.Namespace, spec: dict[str, Any], tmp: 
         _print_load_breakdown(tmp / f"stats-hit-{v}", len(r["connector"]))
     for (label, _), both in zip(versions[1:], ratios[1:], strict=True):
         paired = [a / b for a, b in zip(ratios[0], both, strict=True)]
-        pm, plo, phi = _median_ci(paired, seed=3)
         print(
             f"  this tree / {label}, per pair round (connector / both vLLM hits, each in its "
-            f"own engine): median {pm:.3f}x, 95% CI {plo:.3f}-{phi:.3f}x"
+            f"own engine): {_ci_text(paired, seed=3)}"
         )
 
 
@@ -1113,42 +1118,38 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
             f"{unit} (saves done {statistics.median(tail) * 1e3:.0f} ms after the outputs)"
         )
         print(f"    on / off, per round: {_verdict(ratios, aa, 1.05)}")
+
+        def vs_off(xs: list[float], base_: list[float] = base_, aa: list[float] = aa) -> str:
+            return _verdict([c / n for c, n in zip(xs, base_, strict=True)], aa, 1.05)
+
+        def paired(a: list[float], b: list[float]) -> str:
+            return _ci_text([x / y for x, y in zip(a, b, strict=True)], seed=4)
+
         if "on0" in rows:
             on0 = [m["first"] for m in rows["on0"]]
-            r0 = [c / n for c, n in zip(on0, base_, strict=True)]
             print(
                 f"    on0 (copy threads at vLLM's priority) median {statistics.median(on0) * scale:.1f} "
-                f"{unit}; on0 / off, per round: {_verdict(r0, aa, 1.05)}"
+                f"{unit}; on0 / off, per round: {vs_off(on0)}"
             )
-            pmed, plo, phi = _median_ci([a / b for a, b in zip(on, on0, strict=True)], seed=4)
-            print(f"    on / on0, paired: median {pmed:.3f}x, 95% CI {plo:.3f}-{phi:.3f}x")
+            print(f"    on / on0, paired: {paired(on, on0)}")
         if "onidle" in rows:
             oi = [m["first"] for m in rows["onidle"]]
-            ri = [c / n for c, n in zip(oi, base_, strict=True)]
             print(
                 f"    onidle (background threads at SCHED_IDLE) median "
                 f"{statistics.median(oi) * scale:.1f} {unit}; onidle / off, per round: "
-                f"{_verdict(ri, aa, 1.05)}"
+                f"{vs_off(oi)}"
             )
-            pmed, plo, phi = _median_ci([a / b for a, b in zip(oi, on, strict=True)], seed=4)
-            print(f"    onidle / on, paired: median {pmed:.3f}x, 95% CI {plo:.3f}-{phi:.3f}x")
+            print(f"    onidle / on, paired: {paired(oi, on)}")
             sd = [m["saved"] - m["first"] for m in rows["onidle"]]
             print(f"    onidle: saves done {statistics.median(sd) * 1e3:.0f} ms after the outputs")
         for arm in [a for a in ("plan", "gather") if a in rows]:
             xs = [m["first"] for m in rows[arm]]
-            rx = [c / n for c, n in zip(xs, base_, strict=True)]
-            pmed, plo, phi = _median_ci([a / b for a, b in zip(on, xs, strict=True)], seed=4)
             print(
                 f"    {arm} median {statistics.median(xs) * scale:.1f} {unit}; {arm} / off, per "
-                f"round: {_verdict(rx, aa, 1.05)}; on / {arm}, paired: median {pmed:.3f}x, "
-                f"95% CI {plo:.3f}-{phi:.3f}x"
+                f"round: {vs_off(xs)}; on / {arm}, paired: {paired(on, xs)}"
             )
         durable = [m["saved"] / n for m, n in zip(rows["on"], base_, strict=True)]
-        dmed, dlo, dhi = _median_ci(durable, seed=2)
-        print(
-            f"    on until its saves are in every tier / off: median {dmed:.3f}x, "
-            f"95% CI {dlo:.3f}-{dhi:.3f}x"
-        )
+        print(f"    on until its saves are in every tier / off: {_ci_text(durable, seed=2)}")
         # Where the connector's time goes, as fractions of the off arm's wall time.
         for arm in [a for a in ("on", "on0", "onidle", "plan", "gather", "off") if a in rows]:
             hooks = statistics.median(m["hooks"] for m in rows[arm])
