@@ -68,6 +68,16 @@ def _wait(pred: Any, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+def _on_disk(storage: Storage, copier: BlockCopier, keys: list[Any]) -> torch.Tensor:
+    """Store chunk ``c`` of ``keys`` (blocks ``2c`` and ``2c + 1`` of the source cache) in
+    the disk tier only; returns the last chunk stored."""
+    src = torch.empty(copier.chunk_shape(2))
+    for c, k in enumerate(keys):
+        copier.gather([2 * c, 2 * c + 1], src)
+        storage.submit(storage.hierarchy.tiers[1].backend.put(k, src)).result(timeout=10)
+    return src
+
+
 def test_saves_gather_then_store_in_the_background_and_drop_when_staging_is_full(
     setup: Any,
 ) -> None:
@@ -391,10 +401,8 @@ def test_a_background_load_reports_a_lower_tier_hit_before_promoting_it(setup: A
 
     storage, copier, views, _ = setup
     h = storage.hierarchy
-    src = torch.empty(copier.chunk_shape(2))
-    copier.gather([0, 1], src)
     key = DB.make_key(700)
-    storage.submit(h.tiers[1].backend.put(key, src)).result(timeout=10)  # disk tier only
+    src = _on_disk(storage, copier, [key])
     gate = threading.Event()
     real = h._copy_up  # (what get_into_deferred's promote runs)
 
@@ -425,9 +433,7 @@ def test_a_background_load_reports_a_lower_tier_hit_before_promoting_it(setup: A
     # hold both buffers, so they start early; the load finishes, all exact and promoted.
     h._copy_up = real  # type: ignore[method-assign]
     keys = [DB.make_key(710 + c) for c in range(3)]
-    for c, k in enumerate(keys):
-        copier.gather([2 * c, 2 * c + 1], src)
-        storage.submit(h.tiers[1].backend.put(k, src)).result(timeout=10)
+    _on_disk(storage, copier, keys)
     loads.start(
         "q", [ChunkLoad("q", c, 710 + c, 0, [8 + 2 * c, 9 + 2 * c]) for c in range(3)], keys
     )
@@ -447,11 +453,8 @@ def test_an_idle_wait_ends_when_a_load_is_over_not_at_each_chunk(setup: Any) -> 
 
     storage, copier, views, _ = setup
     h = storage.hierarchy
-    src = torch.empty(copier.chunk_shape(2))
     keys = [DB.make_key(800 + c) for c in range(4)]
-    for c, k in enumerate(keys):
-        copier.gather([2 * c, 2 * c + 1], src)
-        storage.submit(h.tiers[1].backend.put(k, src)).result(timeout=10)  # disk tier only
+    _on_disk(storage, copier, keys)
     real = h.get_into_deferred
 
     async def slow_second(key: Any, out: torch.Tensor) -> Any:
@@ -517,22 +520,19 @@ def test_a_buffer_given_back_as_a_load_finds_none_free_is_taken_at_once(setup: A
     the load: the chunk is issued in the same poll, and the idle wait ends when the load is
     over instead of running to its bound."""
     storage, copier, views, _ = setup
-    h = storage.hierarchy
-    src = torch.empty(copier.chunk_shape(2))
-    copier.gather([0, 1], src)
     key = DB.make_key(900)
-    storage.submit(h.tiers[1].backend.put(key, src)).result(timeout=10)  # disk tier only
+    _on_disk(storage, copier, [key])
     held: list[torch.Tensor] = []
-    box: list[AsyncLoads] = []
 
     class Racy(ChunkBuffers):
         armed = True
+        loads: AsyncLoads
 
         def take(self) -> torch.Tensor | None:
             buf = super().take()
             if buf is None and self.armed:  # the race: the give lands right now
                 self.armed = False
-                box[0]._give(held)
+                self.loads._give(held)
             return buf
 
     buffers = Racy(copier.chunk_shape(2), torch.float32, max_buffers=1)
@@ -541,7 +541,7 @@ def test_a_buffer_given_back_as_a_load_finds_none_free_is_taken_at_once(setup: A
     loads = AsyncLoads(
         storage, buffers, BlockCopier(dst_views, BLOCKS), deadline_s=5.0, block_nbytes=1
     )
-    box.append(loads)
+    buffers.loads = loads
     loads.start("x", [ChunkLoad("x", 0, 900, 0, [4, 5])], [key])
     _wait(lambda: loads.poll() is not None and not buffers.armed)
     assert loads._jobs["x"].next == 1  # issued in the poll that first found none free
