@@ -553,6 +553,7 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
         arms.append("onidle")
     saves = worker._worker.saves
     real_submit = saves.submit
+    submits: dict[str, Any] = {}  # arm -> what the worker's saves.submit is in it
     if spec.get("split_arms"):
         arms += ["plan", "gather"]
         scratch = saves.buffers.take()
@@ -562,9 +563,18 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
                 saves.copier.gather_to_host(it.block_ids, scratch, it.other_blocks)
             return []
 
+        submits = {"plan": lambda items: [], "gather": gather_only}
+
     out: dict[str, Any] = {w: {a: [] for a in arms} for w in ("ttft", "batch")}
-    seeds = {"on": 0, "off": 250, "off2": 500, "on0": 750, "onidle": 875, "plan": 125}
-    seeds["gather"] = 375
+    seeds = {
+        "on": 0,
+        "off": 250,
+        "off2": 500,
+        "on0": 750,
+        "onidle": 875,
+        "plan": 125,
+        "gather": 375,
+    }
     t_start = time.monotonic()
     rounds = 0
     for rep in range(spec["reps"]):
@@ -577,10 +587,7 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
             rng.shuffle(order)
             for arm in order:
                 switch.set(arm in ("on", "on0", "onidle", "plan", "gather"))
-                saves.submit = {
-                    "plan": lambda items: [],
-                    "gather": gather_only if spec.get("split_arms") else None,
-                }.get(arm, real_submit)
+                saves.submit = submits.get(arm, real_submit)
                 for t, n in nices.items():
                     os.setpriority(os.PRIO_PROCESS, t, base_nice if arm == "on0" else n)
                 if "onidle" in arms:
@@ -729,6 +736,27 @@ def _print_load_breakdown(stats_dir: Path, hits: int) -> None:
     )
 
 
+def _versions(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """``(label, PYTHONPATH)`` of each code version to run: this tree, then each ``--ref``."""
+    return [("this tree", None)] + [
+        (f"--ref {ref}", str(Path(ref).resolve())) for ref in args.ref or ()
+    ]
+
+
+def _hit_ratios(rows: dict[str, Any]) -> tuple[list[float], list[float], list[float]]:
+    """Per pair of a hit run's ``(TTFT, cached tokens)`` rows: connector / vLLM hit, the
+    A/A (vLLM's twin / vLLM hit), and connector / the geometric mean of both of the pair's
+    vLLM hits (vLLM's own hit measured twice per pair: less of one measurement's noise in
+    the baseline)."""
+    ratios = [c[0] / v[0] for c, v in zip(rows["connector"], rows["vllm"], strict=True)]
+    aa = [a[0] / v[0] for a, v in zip(rows["vllm_aa"], rows["vllm"], strict=True)]
+    both = [
+        c[0] / (v[0] * a[0]) ** 0.5
+        for c, v, a in zip(rows["connector"], rows["vllm"], rows["vllm_aa"], strict=True)
+    ]
+    return ratios, aa, both
+
+
 def scenario_hit(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> None:
     tier: dict[str, Any] = (
         {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "2GiB"}}
@@ -750,14 +778,7 @@ def scenario_hit(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> N
     rows = _run_child("hit", spec, tmp, in_process=args.hit_in_process)
     hooks = rows.pop("hooks", None)
     by_hook = rows.pop("by_hook", None)
-    ratios = [c[0] / v[0] for c, v in zip(rows["connector"], rows["vllm"], strict=True)]
-    aa = [a[0] / v[0] for a, v in zip(rows["vllm_aa"], rows["vllm"], strict=True)]
-    # The same pairs against both of the pair's vLLM hits (their geometric mean): vLLM's
-    # own hit measured twice per pair, so less of one measurement's noise in the baseline.
-    both = [
-        c[0] / (v[0] * a[0]) ** 0.5
-        for c, v, a in zip(rows["connector"], rows["vllm"], rows["vllm_aa"], strict=True)
-    ]
+    ratios, aa, both = _hit_ratios(rows)
     med = {k: statistics.median(t for t, _ in v) for k, v in rows.items()}
     print(
         f"hit: {args.prompts} prompts x {args.tokens} tokens, {args.pairs} interleaved pairs "
@@ -798,9 +819,7 @@ def _scenario_hit_versions(args: argparse.Namespace, spec: dict[str, Any], tmp: 
     connector / vLLM ratio as in the single-engine run, and each ``--ref`` against this
     tree: per pair round, this tree's ratio / the ref's ratio (pass a copy of this tree
     as a ``--ref`` for an A/A between engines)."""
-    versions: list[tuple[str, str | None]] = [("this tree", None)]
-    for ref in args.ref:
-        versions.append((f"--ref {ref}", str(Path(ref).resolve())))
+    versions = _versions(args)
     servers = []
     for v, (_label, pythonpath) in enumerate(versions):
         s = {
@@ -847,12 +866,7 @@ def _scenario_hit_versions(args: argparse.Namespace, spec: dict[str, Any], tmp: 
     )
     ratios = []
     for v, ((label, _), r) in enumerate(zip(versions, rows, strict=True)):
-        rat = [c[0] / x[0] for c, x in zip(r["connector"], r["vllm"], strict=True)]
-        aa = [a[0] / x[0] for a, x in zip(r["vllm_aa"], r["vllm"], strict=True)]
-        both = [
-            c[0] / (x[0] * a[0]) ** 0.5
-            for c, x, a in zip(r["connector"], r["vllm"], r["vllm_aa"], strict=True)
-        ]
+        rat, aa, both = _hit_ratios(r)
         ratios.append(both)
         med = {k: statistics.median(t for t, _ in xs) for k, xs in r.items()}
         cached = sorted({c for _, c in r["connector"]})
@@ -875,9 +889,7 @@ def _scenario_hit_versions(args: argparse.Namespace, spec: dict[str, Any], tmp: 
 
 
 def scenario_disk(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> None:
-    versions: list[tuple[str, str | None]] = [("this tree", None)]
-    for ref in args.ref or ():
-        versions.append((f"--ref {ref}", str(Path(ref).resolve())))
+    versions = _versions(args)
     results: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in versions}
     # Engine processes of each version alternate (--disk-runs each), each on its own tier.
     for run in range(args.disk_runs):
