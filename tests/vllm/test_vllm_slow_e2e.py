@@ -23,7 +23,10 @@ pytestmark = [requires_vllm, pytest.mark.vllm, pytest.mark.slow]
 DECODE_TOKENS = 300
 DISK_BYTES = 32 * 64 * 1024  # 32 chunks
 CHUNK_SHAPE = [2, 2, 2, 32, 64]  # the test model's chunk: layers, blocks, heads, tokens, K|V
-REPEATS = 5  # the issue asks for at least a median of 3; 5 rides out a noisy neighbour
+# the issue asks for at least a median of 3; single pairs on this 2-core machine range
+# 0.8-1.22x around a median of ~1.03x (a CI run once drew 1.12x from 5 pairs), so 9
+# pairs, each slow run compared with the baseline just before it, after a warm-up run
+REPEATS = 9
 SLOW = {"lookup_delay_s": 0.02, "get_delay_s": 2.0}
 
 
@@ -62,12 +65,13 @@ def e9(vllm_models: Models, tmp_path_factory: pytest.TempPathFactory) -> EngineR
     steps: list[dict[str, Any]] = [
         _gen("store", *c.SLOW),  # cold: their chunks are stored (no delays yet)
         {"op": "control", "name": "slow", "values": SLOW},
+        _itl("warmup", []),  # the first decoding run after start-up is not a baseline
         # baseline just before each slow run, in the same process: the decoding request
         # alone (interleaved, so a drift in the shared machine's load hits both alike)
         *[
             step
-            for i, p in enumerate((s0, s1, s2, s0, s1)[:REPEATS])
-            for step in (_itl(f"base{i}", []), _itl(f"slow{i}", [p]))
+            for i in range(REPEATS)
+            for step in (_itl(f"base{i}", []), _itl(f"slow{i}", [(s0, s1, s2)[i % 3]]))
         ],
         {"op": "control", "name": "slow_lookups", "values": {"lookup_delay_s": 2.0}},
         _gen("lookup_late", s3, no_disk_wait=True),
@@ -126,12 +130,12 @@ def test_a_slow_hit_waits_for_its_kv_without_stalling_decoding(e9: EngineRun) ->
         assert rec["ttft"][0] >= 2.0
     # a stalled engine step would show the 2 s get delay itself in some gap
     assert max(max(r["itl"]) for r in slow) < SLOW["get_delay_s"] / 2
-    b99 = statistics.median(_pct(r["itl"], 0.99) for r in base)
-    b50 = statistics.median(statistics.median(r["itl"]) for r in base)
-    s99 = statistics.median(_pct(r["itl"], 0.99) for r in slow)
-    s50 = statistics.median(statistics.median(r["itl"]) for r in slow)
-    assert s99 <= 1.5 * b99, (s99, b99)
-    assert s50 <= 1.1 * b50, (s50, b50)
+    # each slow run against the baseline measured just before it, then the median
+    pairs = list(zip(base, slow, strict=True))
+    r99 = [_pct(s["itl"], 0.99) / _pct(b["itl"], 0.99) for b, s in pairs]
+    r50 = [statistics.median(s["itl"]) / statistics.median(b["itl"]) for b, s in pairs]
+    assert statistics.median(r99) <= 1.5, r99
+    assert statistics.median(r50) <= 1.1, r50
     w = e9.worker(f"slow{REPEATS - 1}")
     assert w["async_loaded_chunks"] >= REPEATS * 4 and w["sync_loaded_chunks"] == 0
 
