@@ -33,7 +33,11 @@ A resident chunk's value per byte is::
 Victims come from a heap with lazy re-valuation: values in growth units only rise with
 accesses, so an access costs no heap work; an entry that surfaces with an out-of-date
 weight is valued again and pushed back, one whose key left or has resident children is
-dropped (a key is pushed again when its last resident child leaves).
+dropped (a key is pushed again when its last resident child leaves). A chunk goes onto
+the heap at the first lookup after its insertion, not at the insertion, and only if it
+is still a leaf then: a prompt's missing chunks are stored in chain order, each one a
+parent right after, and a chunk whose store is still in flight cannot be evicted anyway
+(until that lookup it is a victim only when no other leaf is).
 
 All of a key's state (its history, whether it is resident, its rate, its resident
 children) lives in one record, found with one dictionary lookup per call; heap entries
@@ -147,7 +151,8 @@ class CostAwarePolicy:
     remembered beyond the resident ones (their weight and fan-out). ``hold``: with the
     short memory, refuse a newcomer whose admission would displace a chunk whose hit
     density at its age is more than ``hold_margin`` (2) times a newcomer's (learned
-    from the reuse distances: see :meth:`_estimate_densities`).
+    from the reuse distances, which are recorded only while the short memory is in use:
+    see :meth:`_estimate_densities`).
     """
 
     name = "cost"
