@@ -107,6 +107,10 @@ class ReferenceCostAwarePolicy:
         self._rates_by_shape: dict[tuple[int, int, int], float] = {}
         self._heap: list[tuple[float, int, Hashable, float]] = []
         self._seq = 0
+        # (since the deferred pushes of 2 December 2026, mirrored here on purpose: chunks
+        # inserted since the latest access go onto the heap at the next access)
+        self._pending: list[Hashable] = []
+        self._pend: set[Hashable] = set()
 
     # ------------------------------------------------------------------ valuation
     def expected_hits(self, key: Hashable, info: ChunkInfo) -> float:
@@ -124,6 +128,8 @@ class ReferenceCostAwarePolicy:
     # ------------------------------------------------------------------ interface
     def record_access(self, key: Hashable, info: ChunkInfo, hit: bool) -> None:
         # (the hot path: locals instead of repeated attribute loads)
+        if self._pending:
+            self._flush()
         gs = self._growth_s * self._step_s
         gl = self._growth_l * self._step_l
         self._growth_s = gs
@@ -176,7 +182,17 @@ class ReferenceCostAwarePolicy:
         self._used += info.nbytes
         if info.parent is not None:
             self._res_children[info.parent] = self._res_children.get(info.parent, 0) + 1
-        self._push(key)
+        self._pending.append(key)
+        self._pend.add(key)
+
+    def _flush(self) -> None:
+        pending = self._pending
+        self._pending = []
+        for key in pending:
+            if key in self._pend:
+                self._pend.discard(key)
+                if key in self._resident and key not in self._res_children:
+                    self._push(key)
 
     def removed(self, key: Hashable) -> None:
         info = self._resident.pop(key, None)
@@ -189,7 +205,7 @@ class ReferenceCostAwarePolicy:
             n = self._res_children[parent] - 1
             if n <= 0:
                 del self._res_children[parent]
-                if parent in self._resident:
+                if parent in self._resident and parent not in self._pend:
                     self._push(parent)  # a leaf again: evictable
             else:
                 self._res_children[parent] = n
@@ -218,6 +234,9 @@ class ReferenceCostAwarePolicy:
             break
         for entry in aside:
             heapq.heappush(self._heap, entry)
+        if found is None and self._pending:
+            self._flush()
+            return self.victim(exclude)
         return found
 
     def info_of(self, key: Hashable) -> ChunkInfo | None:
@@ -311,7 +330,7 @@ class ReferenceCostAwarePolicy:
     def _rebuild(self) -> None:
         self._heap = []
         for key in self._resident:
-            if key not in self._res_children:
+            if key not in self._res_children and key not in self._pend:
                 self._seq += 1
                 v, w = self._score(key)
                 self._heap.append((v, self._seq, key, w))

@@ -237,6 +237,52 @@ def test_cost_aware_victims_stay_right_across_heap_rebuilds() -> None:
     assert len(p._heap) <= 4 * 20 + 1024 + 1  # rebuilt on the way
 
 
+def test_cost_aware_pushes_inserted_chunks_at_the_next_lookup() -> None:
+    # A prompt's missing chunks are inserted in chain order, each one a parent right
+    # after: they go onto the heap at the next lookup, and only those still leaves then.
+    p = CostAwarePolicy(100 * MB, adapt=False, half_life=1e9)
+    chain = [("a", info(None, 0)), ("b", info("a", 1)), ("c", info("b", 2))]
+    p.record_accesses([k for k, _ in chain], [i for _, i in chain], [False] * 3)
+    for k, i in chain:
+        p.inserted(k, i)
+    assert p._heap == []  # nothing pushed yet
+    one_off = info(None, 0)
+    p.record_access("x", one_off, hit=False)  # the next lookup: "c" alone is pushed
+    assert [e[2].key for e in p._heap] == ["c"]
+    p.inserted("x", one_off)  # worth nothing, but inserted since the latest lookup
+    assert p.victim() == "c"  # not a candidate until the next lookup
+    p.record_access("c", chain[2][1], hit=True)
+    p.record_access("c", chain[2][1], hit=True)
+    assert p.victim() == "x"  # pushed by that lookup, and the cheapest
+    p.removed("x")
+    p.removed("c")
+    # a chunk inserted since the latest lookup is still found when nothing else is
+    p.inserted("y", one_off)
+    assert p.victim({"b"}) == "y"
+    assert p.victim() in ("b", "y")
+
+
+def test_cost_aware_keeps_reuse_statistics_only_with_the_short_memory() -> None:
+    # Holding is decided with the short memory only: with the long one in use the reuse
+    # distances are not recorded (per-call and batched forms alike).
+    for batched in (False, True):
+        p = CostAwarePolicy(100 * MB)
+        a = info(None, 0)
+        for _ in range(3):
+            if batched:
+                p.record_accesses(["a"], [a], [False])
+            else:
+                p.record_access("a", a, hit=False)
+        assert p._reuses == 2 and sum(p._class_acc) == 3
+        p._switch(True)
+        for _ in range(3):
+            if batched:
+                p.record_accesses(["a"], [a], [False])
+            else:
+                p.record_access("a", a, hit=False)
+        assert p._reuses == 2 and sum(p._class_acc) == 3
+
+
 def _loop_then_fill(pick: list[str], hold: bool) -> tuple[CostAwarePolicy, list[str]]:
     """Accesses in the order ``pick``; then the 10 keys accessed longest ago (among the
     last 200 accesses) fill the 10-chunk tier."""

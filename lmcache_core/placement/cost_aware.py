@@ -33,7 +33,11 @@ A resident chunk's value per byte is::
 Victims come from a heap with lazy re-valuation: values in growth units only rise with
 accesses, so an access costs no heap work; an entry that surfaces with an out-of-date
 weight is valued again and pushed back, one whose key left or has resident children is
-dropped (a key is pushed again when its last resident child leaves).
+dropped (a key is pushed again when its last resident child leaves). A chunk goes onto
+the heap at the first lookup after its insertion, not at the insertion, and only if it
+is still a leaf then: a prompt's missing chunks are stored in chain order, each one a
+parent right after, and a chunk whose store is still in flight cannot be evicted anyway
+(until that lookup it is a victim only when no other leaf is).
 
 All of a key's state (its history, whether it is resident, its rate, its resident
 children) lives in one record, found with one dictionary lookup per call; heap entries
@@ -103,6 +107,7 @@ class _Rec:
         "kids",
         "known",
         "opos",
+        "pend",
         "prec",
         "rate",
         "stamp",
@@ -124,6 +129,7 @@ class _Rec:
         self.rate = 0.0  # net prefill seconds saved per byte (resident)
         self.kids = 0  # resident chunks whose parent this key is
         self.prec: _Rec | None = None  # the parent's record (resident keys)
+        self.pend = False  # inserted since the latest lookup: not on the heap yet
         self.alive = True
 
 
@@ -145,7 +151,8 @@ class CostAwarePolicy:
     remembered beyond the resident ones (their weight and fan-out). ``hold``: with the
     short memory, refuse a newcomer whose admission would displace a chunk whose hit
     density at its age is more than ``hold_margin`` (2) times a newcomer's (learned
-    from the reuse distances: see :meth:`_estimate_densities`).
+    from the reuse distances, which are recorded only while the short memory is in use:
+    see :meth:`_estimate_densities`).
     """
 
     name = "cost"
@@ -210,6 +217,11 @@ class CostAwarePolicy:
         self._rates_by_shape: dict[tuple[int, int, int], float] = {}
         self._heap: list[_Entry] = []
         self._seq = 0
+        # Chunks inserted since the latest lookup go onto the heap at the next lookup
+        # (see _flush), not at insertion: most of them have a child inserted right after
+        # (a prompt's missing chunks are stored in chain order), and a chunk still being
+        # stored cannot be evicted anyway.
+        self._pending: list[_Rec] = []
         # Holding (see _estimate_densities): per class of access count, a histogram of
         # reuse distances (accesses between two accesses of a key, 4 bins per octave) and
         # the accesses that started in the class, both halved after each estimate.
@@ -239,6 +251,8 @@ class CostAwarePolicy:
     # ------------------------------------------------------------------ interface
     def record_access(self, key: Hashable, info: ChunkInfo, hit: bool) -> None:
         # (the hot path: locals instead of repeated attribute loads)
+        if self._pending:
+            self._flush()
         gs = self._growth_s * self._step_s
         gl = self._growth_l * self._step_l
         self._growth_s = gs
@@ -259,7 +273,7 @@ class CostAwarePolicy:
         if rec is None or not rec.known:
             rec = self._learn(key, rec, info.parent)
         else:
-            if self._hold:
+            if self._hold and not self.long_memory:
                 self._reuse_hist[_CLASS_OF[rec.count] if rec.count < _CLASSES_AT else _LAST_CLASS][
                     _reuse_bin(self._clock - rec.stamp)
                 ] += self._inc
@@ -273,7 +287,7 @@ class CostAwarePolicy:
         rec.wlong += gl
         n = rec.count + 1
         rec.count = n
-        if self._hold:
+        if self._hold and not self.long_memory:
             self._class_acc[_CLASS_OF[n] if n < _CLASSES_AT else _LAST_CLASS] += self._inc
 
     def record_accesses(
@@ -282,6 +296,8 @@ class CostAwarePolicy:
         """:meth:`record_access` for each (key, info, hit) in order (one call per lookup;
         the same decisions as the per-chunk calls)."""
         del hits  # the policy learns from accesses, not from their outcome
+        if self._pending:
+            self._flush()
         recs = self._recs
         step_s, step_l = self._step_s, self._step_l
         rescale_at = _RESCALE_AT
@@ -291,7 +307,9 @@ class CostAwarePolicy:
         gs, gl = self._growth_s, self._growth_l
         tick = self._tick
         clock = self._clock
-        hold, rhist, racc = self._hold, self._reuse_hist, self._class_acc
+        # (holding only matters with the short memory: no reuse statistics meanwhile)
+        hold = self._hold and not self.long_memory
+        rhist, racc = self._reuse_hist, self._class_acc
         reuses, inc = self._reuses, self._inc
         for key, info in zip(keys, infos, strict=True):
             gs *= step_s
@@ -383,23 +401,10 @@ class CostAwarePolicy:
             prec.kids += 1
             rec.prec = prec
         else:
-            prec = rec.prec = None
-        # _push(rec) inlined (one push per insertion)
-        self._seq = seq = self._seq + 1
-        lm = self.long_memory
-        hits = own = 0.0
-        if rec.known:
-            own = rec.wlong if lm else rec.wshort
-            if rec.count >= self.min_reuse:
-                hits = own
-        if prec is not None and prec.known and prec.children > 0:
-            share = (prec.wlong if lm else prec.wshort) / prec.children
-            if share > hits:
-                hits = share
-        heap = self._heap
-        heapq.heappush(heap, (rec.rate * hits, seq, rec, own))
-        if len(heap) > 4 * len(self._res) + 1024:
-            self._rebuild()
+            rec.prec = None
+        # onto the heap at the next lookup, if it is a leaf then (_flush)
+        rec.pend = True
+        self._pending.append(rec)
 
     def removed(self, key: Hashable) -> None:
         rec = self._recs.get(key)
@@ -416,7 +421,8 @@ class CostAwarePolicy:
             prec.kids = n
             if n <= 0:
                 if prec.info is not None:
-                    self._push(prec)  # a leaf again: evictable
+                    if not prec.pend:  # (a pending one is pushed by _flush)
+                        self._push(prec)  # a leaf again: evictable
                 elif not prec.known:
                     self._drop_if_unused(prec)
         if not rec.known:
@@ -525,7 +531,22 @@ class CostAwarePolicy:
             break
         for e in aside:
             heapq.heappush(self._heap, e)
+        if found is None and self._pending:  # only chunks inserted since the last lookup
+            self._flush()
+            return self._scan(exclude, skip, allowed, limit)
         return found
+
+    def _flush(self) -> None:
+        """The chunks inserted since the latest lookup go onto the heap, those that are
+        still resident leaves (in insertion order, valued as at their insertion: no
+        access has changed a weight since)."""
+        pending = self._pending
+        self._pending = []
+        for rec in pending:
+            if rec.pend:
+                rec.pend = False
+                if rec.info is not None and not rec.kids:
+                    self._push(rec)
 
     def _net_rate(self, info: ChunkInfo) -> float:
         shape = (info.start_token, info.tokens, info.nbytes)
@@ -692,7 +713,7 @@ class CostAwarePolicy:
     def _rebuild(self) -> None:
         heap: list[_Entry] = []
         for rec in self._res:
-            if not rec.kids:
+            if not rec.kids and not rec.pend:
                 self._seq += 1
                 v, w = self._score(rec)
                 heap.append((v, self._seq, rec, w))
