@@ -7,8 +7,14 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from lmcache_backend_disk import DiskBackend
+
+    from lmcache_core import CacheEngineKey
 
 T = TypeVar("T")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -68,3 +74,70 @@ def object_files(root: str) -> dict[str, int]:
 
 def temp_files(root: str) -> list[str]:
     return [rel for rel, _ in tree_files(root) if rel.endswith(".tmp")]
+
+
+def object_bytes(key: CacheEngineKey, ns_json: str, data: bytes, dtype: Any, shape: Any) -> bytes:
+    """The complete object file the disk backend writes for ``data`` (a raw value's bytes)
+    under ``key``: its own header encoder, checksum digits filled in."""
+    from lmcache_backend_disk.objects import HeaderTemplate
+    from xxhash import xxh3_128_hexdigest
+
+    template = HeaderTemplate(key.to_string(), ns_json, dtype, tuple(shape), "raw")
+    return template.with_digits(xxh3_128_hexdigest(data)) + data
+
+
+def bulk_fill(
+    b: DiskBackend,
+    keys: Sequence[CacheEngineKey],
+    value_bytes: Callable[[int], bytes],
+    dtype: Any,
+    shape: Any,
+) -> None:
+    """Store ``keys[i]`` -> ``value_bytes(i)`` in the open backend ``b`` without its put
+    path: a test helper for tests whose subject is a *big* tier (reopening it), not how it
+    was filled. A put costs about a millisecond of Python and thread hand-offs on a small
+    machine; this writes each object file directly (the bytes :func:`object_bytes` makes,
+    with the backend's file and directory modes) and records every entry in one index
+    transaction through the backend's own :class:`IndexTx` (its triggers keep the totals
+    and the change log, pruned like a writer prunes it).
+
+    Callers store some entries through the real put path first and check
+    :func:`object_bytes` against those files, so this helper cannot drift from the format
+    unnoticed. ``b`` must be the only process using its directory; no eviction is done
+    (the bound must hold everything)."""
+    from lmcache_backend_disk import layout
+
+    root = b.root
+    ns_json = layout.namespace_json(b.namespace)
+    ns_dir = layout.namespace_dir(ns_json)
+    umask = layout.current_umask()
+    made: set[str] = set()
+    rows = []
+    for i, key in enumerate(keys):
+        rel = layout.object_relpath(ns_dir, key)
+        head = rel.rpartition("/")[0]
+        if head not in made:
+            shard = head.rpartition("/")[0]
+            for d in (shard, head):
+                path = os.path.join(root, d)
+                try:
+                    os.mkdir(path, b.dir_mode)
+                except FileExistsError:
+                    continue
+                if b.dir_mode & umask:
+                    os.chmod(path, b.dir_mode)
+            made.add(head)
+        blob = object_bytes(key, ns_json, value_bytes(i), dtype, shape)
+        fd = os.open(os.path.join(root, rel), os.O_WRONLY | os.O_CREAT | os.O_EXCL, b.file_mode)
+        try:
+            if b.file_mode & umask:
+                os.fchmod(fd, b.file_mode)
+            assert os.write(fd, blob) == len(blob)
+        finally:
+            os.close(fd)
+        rows.append((rel, len(blob)))
+    now = time.time()
+    with b.index.transaction() as tx:
+        for rel, size in rows:
+            tx.upsert_entry(rel, size, now)
+        tx.prune_changes()
