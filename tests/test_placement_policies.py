@@ -262,24 +262,23 @@ def test_cost_aware_pushes_inserted_chunks_at_the_next_lookup() -> None:
     assert p.victim() in ("b", "y")
 
 
+def _access_three_times(p: CostAwarePolicy, key: str, batched: bool) -> None:
+    for _ in range(3):
+        if batched:
+            p.record_accesses([key], [info(None, 0)], [False])
+        else:
+            p.record_access(key, info(None, 0), hit=False)
+
+
 def test_cost_aware_keeps_reuse_statistics_only_with_the_short_memory() -> None:
     # Holding is decided with the short memory only: with the long one in use the reuse
     # distances are not recorded (per-call and batched forms alike).
     for batched in (False, True):
         p = CostAwarePolicy(100 * MB)
-        a = info(None, 0)
-        for _ in range(3):
-            if batched:
-                p.record_accesses(["a"], [a], [False])
-            else:
-                p.record_access("a", a, hit=False)
+        _access_three_times(p, "a", batched)
         assert p._reuses == 2 and sum(p._class_acc) == 3
         p._switch(True)
-        for _ in range(3):
-            if batched:
-                p.record_accesses(["a"], [a], [False])
-            else:
-                p.record_access("a", a, hit=False)
+        _access_three_times(p, "a", batched)
         assert p._reuses == 2 and sum(p._class_acc) == 3
 
 
