@@ -97,9 +97,10 @@ def bulk_fill(
     path: a test helper for tests whose subject is a *big* tier (reopening it), not how it
     was filled. A put costs about a millisecond of Python and thread hand-offs on a small
     machine; this writes each object file directly (the bytes :func:`object_bytes` makes,
-    with the backend's file and directory modes) and records every entry in one index
-    transaction through the backend's own :class:`IndexTx` (its triggers keep the totals
-    and the change log, pruned like a writer prunes it).
+    through the backend's own tier directory: its ``make_dirs`` and ``open``, with the
+    backend's file and directory modes) and records every entry in one index transaction
+    through the backend's own :class:`IndexTx` (its triggers keep the totals and the
+    change log, pruned like a writer prunes it).
 
     Callers store some entries through the real put path first and check
     :func:`object_bytes` against those files, so this helper cannot drift from the format
@@ -107,7 +108,7 @@ def bulk_fill(
     (the bound must hold everything)."""
     from lmcache_backend_disk import layout
 
-    root = b.root
+    tier = b.tier
     ns_json = layout.namespace_json(b.namespace)
     ns_dir = layout.namespace_dir(ns_json)
     umask = layout.current_umask()
@@ -117,18 +118,10 @@ def bulk_fill(
         rel = layout.object_relpath(ns_dir, key)
         head = rel.rpartition("/")[0]
         if head not in made:
-            shard = head.rpartition("/")[0]
-            for d in (shard, head):
-                path = os.path.join(root, d)
-                try:
-                    os.mkdir(path, b.dir_mode)
-                except FileExistsError:
-                    continue
-                if b.dir_mode & umask:
-                    os.chmod(path, b.dir_mode)
+            tier.make_dirs(head, b.dir_mode, umask)
             made.add(head)
         blob = object_bytes(key, ns_json, value_bytes(i), dtype, shape)
-        fd = os.open(os.path.join(root, rel), os.O_WRONLY | os.O_CREAT | os.O_EXCL, b.file_mode)
+        fd = tier.open(rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL, b.file_mode)
         try:
             if b.file_mode & umask:
                 os.fchmod(fd, b.file_mode)

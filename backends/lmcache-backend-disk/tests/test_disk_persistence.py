@@ -19,7 +19,13 @@ import pytest
 import torch
 from disk_testutil import bulk_fill, object_bytes, run
 from lmcache_backend_disk import DiskBackend
-from lmcache_backend_disk.layout import INDEX_FILE, META_DIR, namespace_dir, namespace_json
+from lmcache_backend_disk.layout import (
+    INDEX_FILE,
+    META_DIR,
+    namespace_dir,
+    namespace_json,
+    object_relpath,
+)
 
 from lmcache_core import CacheEngineKey, Namespace
 
@@ -96,7 +102,7 @@ def test_100k_entries_reopen_cold_within_10_seconds(scratch_fs: str) -> None:
             ns_json = namespace_json(NS)
 
             def obj(i: int) -> str:
-                return f"{root}/{namespace_dir(ns_json)}/{keys[i].to_path()}"
+                return os.path.join(root, object_relpath(namespace_dir(ns_json), keys[i]))
 
             for i in (0, 1, REAL - 1):
                 with open(obj(i), "rb") as f:
