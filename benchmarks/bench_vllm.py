@@ -586,7 +586,7 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
             order = list(arms)
             rng.shuffle(order)
             for arm in order:
-                switch.set(arm in ("on", "on0", "onidle", "plan", "gather"))
+                switch.set(arm not in ("off", "off2"))  # every other arm has it on
                 saves.submit = submits.get(arm, real_submit)
                 for t, n in nices.items():
                     os.setpriority(os.PRIO_PROCESS, t, base_nice if arm == "on0" else n)
