@@ -23,6 +23,13 @@ take the same code path. Every timed run starts after ``gc.collect()`` with only
 recorded decisions kept from earlier runs (no policy object of an earlier run alive), in
 an order rotated each round; the time each arm spent in the collector is printed.
 
+To compare two versions of the cost policy in one process (``--hierarchy`` only),
+``--cost-policy-file NAME=PATH`` loads another ``cost_aware.py`` (e.g. ``main``'s, from
+``git archive``) and registers it as policy ``NAME``, built by the same ``cost`` factory;
+list ``NAME`` in ``--policies`` beside ``cost``. Each policy then gets its own recorded
+decisions and replay arms, all arms interleaved, and every round's time is printed so
+that the two can be paired round by round.
+
 Run: ``flock /tmp/lmcache-heavy.lock .venv/bin/python benchmarks/bench_placement.py``
 (add ``--hierarchy`` for the real path)
 """
@@ -223,6 +230,35 @@ async def replay_hierarchy(
         return time.perf_counter() - t0, hits
 
 
+def cost_policy_from_file(name: str, path: str) -> Any:
+    """A policy factory building ``path``'s ``CostAwarePolicy`` (another version of
+    ``lmcache_core/placement/cost_aware.py``, loaded as a module of the same package so
+    that its relative imports resolve) through the ``cost`` factory, options and all."""
+    import importlib.util
+    import sys
+
+    import lmcache_core.placement.wiring as wiring
+
+    mod_name = f"lmcache_core.placement._bench_{name}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--cost-policy-file: cannot load {path}")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = mod
+    spec.loader.exec_module(mod)
+    print(f"policy {name}: CostAwarePolicy from {mod.__file__}")
+
+    def make(ctx: Any) -> PlacementPolicy:
+        real = wiring.CostAwarePolicy
+        wiring.CostAwarePolicy = mod.CostAwarePolicy  # type: ignore[misc]
+        try:
+            return wiring.cost_policy(ctx)
+        finally:
+            wiring.CostAwarePolicy = real  # type: ignore[misc]
+
+    return make
+
+
 def main_hierarchy(
     stream: list[list[tuple[Hashable, ChunkInfo]]], n: int, cap: int, args: Any
 ) -> int:
@@ -237,6 +273,12 @@ def main_hierarchy(
     clock = GcClock()
     cap_chunks = max(1, cap // (256 * 131072))
     policies = args.policies.split(",")
+    factories = dict(BUILTIN_FACTORIES)
+    for item in args.cost_policy_file:
+        name, sep, path = item.partition("=")
+        if not sep or not name.isalnum():
+            raise SystemExit(f"--cost-policy-file: NAME=PATH with an alphanumeric NAME: {item}")
+        factories[name] = cost_policy_from_file(name, path)
     # Only the recorded decisions outlive the recording run: keeping its policy (or any
     # timed run's policy) alive would leave 10^5 tracked objects in the heap that every
     # later full collection walks, in whichever run it lands.
@@ -249,7 +291,7 @@ def main_hierarchy(
                 admits, victims = recorded[name[7:]]
                 return ReplayPolicy(admits, victims)
             base = name[4:] if name.startswith("rec-") else name
-            pol: PlacementPolicy = BUILTIN_FACTORIES[base](ctx)
+            pol: PlacementPolicy = factories[base](ctx)
             if name.startswith("rec-"):
                 recorder[base] = rec = Recorder(pol)
                 return rec
@@ -311,6 +353,8 @@ def main_hierarchy(
     print("baseline: a no-op policy replaying the policy's own decisions (same work)")
     print("each run after gc.collect(); only the recorded decisions kept between runs")
     for name in names:
+        rounds = " ".join(f"{1e6 * x:.2f}" for x in samples[name])
+        print(f"  {name:<16} us/chunk per round: {rounds}")
         print(
             f"  {name:<16} collector {1e6 * statistics.median(gc_secs[name]):5.2f} us/chunk "
             f"(median), full collections {gc_full[name]} in {args.rounds} runs"
@@ -353,6 +397,14 @@ def main() -> int:
     ap.add_argument("--policies", default="lru,arc,s3fifo,cost")
     ap.add_argument(
         "--hierarchy", action="store_true", help="the real lookup/store path (see the docstring)"
+    )
+    ap.add_argument(
+        "--cost-policy-file",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="--hierarchy: also the policy NAME, the CostAwarePolicy of PATH (another "
+        "version's cost_aware.py) built by the cost factory; list NAME in --policies",
     )
     ap.add_argument(
         "--chunk-bytes",
