@@ -411,7 +411,7 @@ def main() -> int:
         type=int,
         default=65536,
         help="--hierarchy: bytes per stored chunk (default 64 KiB; the cpu tier also "
-        "charges 1 KiB per entry, which the policy does not see)",
+        "charges 1 KiB per entry, and the policy sees sizes as charged)",
     )
     args = ap.parse_args()
     import lmcache_core

@@ -81,6 +81,35 @@ def test_cost_policy_refuses_a_chunk_whose_parent_is_not_in_the_tier() -> None:
     run_async(body())
 
 
+def test_the_policy_counts_room_as_the_cpu_tier_charges_it() -> None:
+    """The cpu tier charges each entry its buffer plus ENTRY_OVERHEAD: the policy sees the
+    same sizes, so it knows the tier is full when the backend is. (Counting value bytes,
+    a tier of 80 chunks of 64 KiB looked a chunk larger than it is: the policy admitted
+    every newcomer unasked and the backend evicted for it.)"""
+    old = [make_key(f"f{i}") for i in range(80)]
+    newcomer = make_key("f-new")
+
+    async def body() -> None:
+        placement = {"policy": "cost", "options": {"chunk_bytes": CHUNK}}
+        async with TieredHierarchy.from_config(config(80, placement)) as h:
+            tier = h.tier("cpu")
+            assert tier.placement is not None
+            assert tier.placement.chunk_bytes == CHUNK + ENTRY_OVERHEAD
+            for i, k in enumerate(old):  # one-off chunks, each asked for once
+                await h.lookup_prefix([k])
+                assert await h.put(k, chunk(i))
+            assert tier.placement.policy.info_of(old[0]).nbytes == CHUNK + ENTRY_OVERHEAD
+            assert tier.stats.not_admitted == 0
+            await h.lookup_prefix([newcomer])
+            # full: the newcomer (asked for once) is worth no more than the chunk it
+            # would displace, so it is refused and nothing is evicted
+            assert not await h.put(newcomer, chunk(80))
+            assert tier.stats.not_admitted == 1
+            assert await resident(h, old) == [True] * 80
+
+    run_async(body())
+
+
 def test_an_unknown_policy_is_refused_naming_the_registered_ones() -> None:
     with pytest.raises(ConfigError) as info:
         load_config(config(2, {"policy": "cots"}))

@@ -302,9 +302,12 @@ class TieredHierarchy(BaseBackend):
             factory = get_registry().policy_factory(pl.policy)
         book = ChainBook(chunk_tokens=cfg.chunk_size)
         for t in self.tiers:
-            ctx = policy_context(t.cfg, pl, cfg.chunk_size)
+            # sizes as the backend charges them against its bound, when it says
+            charge = getattr(t.backend, "entry_cost", None)
+            charge = charge if callable(charge) else None
+            ctx = policy_context(t.cfg, pl, cfg.chunk_size, charge)
             chooses = not ctx.shared and implements(t.backend, VictimSelection)
-            t.placement = TierPlacement(factory(ctx), book, ctx.chunk_bytes, chooses)
+            t.placement = TierPlacement(factory(ctx), book, ctx.chunk_bytes, chooses, charge)
         return book
 
     @classmethod

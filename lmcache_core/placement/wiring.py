@@ -80,14 +80,21 @@ DEFAULT_KV_BYTES_PER_TOKEN = 131072
 HIERARCHY_OPTIONS = ("chunk_bytes",)
 
 
-def policy_context(tier: Any, placement: Any, chunk_size: int) -> PolicyContext:
+def policy_context(
+    tier: Any, placement: Any, chunk_size: int, charge: Callable[[int], int] | None = None
+) -> PolicyContext:
     """The :class:`PolicyContext` of configured tier ``tier`` (a ``TierConfig``) under the
     ``placement`` section (``PlacementSettings``): its options are ``placement.options``
     updated by ``placement.tiers[tier.name]``; capacity is the backend's ``max_bytes``
-    unless the tier is shared (other processes write it: no capacity is known)."""
+    unless the tier is shared (other processes write it: no capacity is known).
+    ``charge``: what the backend charges an entry of so many bytes against ``max_bytes``
+    (its ``entry_cost``, see :class:`TierPlacement`); ``chunk_bytes`` is then the charge of
+    one chunk, so that a capacity counted in chunks is the backend's."""
     options = dict(placement.options)
     options.update(placement.tiers.get(tier.name, {}))
     chunk_bytes = int(options.pop("chunk_bytes", chunk_size * DEFAULT_KV_BYTES_PER_TOKEN))
+    if charge is not None:
+        chunk_bytes = charge(chunk_bytes)
     caps = tier.capabilities
     shared = bool(caps is not None and caps.shared)
     max_bytes = getattr(tier.options, "max_bytes", None)
@@ -217,7 +224,15 @@ class _Evictable(AbstractSet[Hashable]):
 
 
 class TierPlacement:
-    """One tier's policy behind a lock (see the module docstring)."""
+    """One tier's policy behind a lock (see the module docstring).
+
+    ``charge``: the backend's ``entry_cost(nbytes)`` when it has one (the ``cpu`` backend:
+    the buffer as allocated plus a per-entry overhead); every size the policy sees (each
+    :class:`ChunkInfo`'s ``nbytes``) is then what the backend charges against the bound
+    it evicts by, so the policy's idea of a full tier is the backend's. Without it a
+    policy counting value bytes would see room the backend does not have (64 KiB chunks
+    and 1 KiB per entry: one chunk more per 64 held) and admit every chunk unasked.
+    ``chunk_bytes``: the size assumed for a key not stored yet, already charged."""
 
     def __init__(
         self,
@@ -225,6 +240,7 @@ class TierPlacement:
         book: ChainBook,
         chunk_bytes: int,
         chooses_victims: bool,
+        charge: Callable[[int], int] | None = None,
     ) -> None:
         self.policy = policy
         self.book = book
@@ -232,7 +248,9 @@ class TierPlacement:
         #: Whether the tier's backend asks this policy for victims (``VictimSelection``).
         self.chooses_victims = chooses_victims
         self._lock = threading.Lock()
-        self._sizes: dict[Hashable, int] = {}
+        self._sizes: dict[Hashable, int] = {}  # charged sizes of the resident keys
+        self._charge = charge
+        self._charged: dict[int, int] = {}  # charge by value size (a few sizes)
         batched = getattr(policy, "record_accesses", None)
         self._record: Callable[[Sequence[Hashable], Sequence[ChunkInfo], Sequence[bool]], None] = (
             batched if batched is not None else partial(record_accesses, policy)
@@ -241,6 +259,18 @@ class TierPlacement:
     @property
     def name(self) -> str:
         return self.policy.name
+
+    def charged(self, nbytes: int) -> int:
+        """What the tier charges a value of ``nbytes`` (``nbytes`` without ``charge``)."""
+        charge = self._charge
+        if charge is None:
+            return nbytes
+        c = self._charged.get(nbytes)
+        if c is None:
+            if len(self._charged) > 4096:
+                self._charged.clear()
+            c = self._charged[nbytes] = charge(nbytes)
+        return c
 
     def looked_up(self, keys: Sequence[Hashable], found: Sequence[bool | None]) -> None:
         """The tier answered ``found`` for ``keys``: one access each; a hit the policy did
@@ -282,6 +312,7 @@ class TierPlacement:
         counts as resident from here on: the store is queued, and the next chunk of the
         chain (whose admission needs its parent) is asked before it finishes. A store
         that then fails is corrected by the next lookup's miss."""
+        nbytes = self.charged(nbytes)
         with self._lock:
             if key in self._sizes:
                 return True  # already resident: a rewrite is not a new admission
@@ -294,6 +325,7 @@ class TierPlacement:
 
     def stored(self, key: Hashable, nbytes: int) -> None:
         """``key`` is now resident."""
+        nbytes = self.charged(nbytes)
         with self._lock:
             if key in self._sizes:
                 return
