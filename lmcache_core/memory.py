@@ -17,6 +17,8 @@ import mmap
 
 import torch
 
+from .libc import libc_function
+
 __all__ = [
     "as_bytes",
     "copy_into",
@@ -57,14 +59,11 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+
-_madvise: ctypes._CFuncPtr | None = None  # type: ignore[name-defined]
-try:
-    _libc = ctypes.CDLL(None, use_errno=True)
-    _madvise = _libc.madvise
+# (None: not Linux / no libc symbol: memory faults on first use)
+_madvise: ctypes._CFuncPtr | None = libc_function("madvise")  # type: ignore[name-defined]
+if _madvise is not None:
     _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     _madvise.restype = ctypes.c_int
-except (OSError, AttributeError):  # not Linux / no libc symbol: memory faults on first use
-    _madvise = None
 
 
 def populated_empty(nbytes: int) -> torch.Tensor:

@@ -115,15 +115,21 @@ def test_write_through_writes_every_store_in_the_background() -> None:
 
 def test_write_through_never_waits_for_the_lower_tier() -> None:
     async def body() -> None:
-        slow = {"name": "warm", "backend": "slow", "options": {"put_delay_ms": 400}}
-        async with hierarchy(cpu("hot"), slow) as h:
-            t0 = time.perf_counter()
-            for i in range(3):
-                assert await h.put(make_key(f"nw{i}"), chunk(i))
-            assert time.perf_counter() - t0 < 0.3  # the 400 ms stores are not awaited
-            assert h.tier("warm").writer.depth == 3
+        async with hierarchy(cpu("hot"), {"name": "warm", "backend": "slow"}) as h:
+            warm = h.tier("warm")
+            assert isinstance(warm.backend, SlowBackend)
+            warm.backend.hold_puts()  # the lower tier's stores cannot finish meanwhile
+
+            async def three_puts() -> None:
+                for i in range(3):
+                    assert await h.put(make_key(f"nw{i}"), chunk(i))
+
+            # a put that waited for its store would never return (not a matter of speed)
+            await asyncio.wait_for(three_puts(), 30)
+            assert warm.writer.depth == 3
+            warm.backend.release_puts()
             await h.flush()
-            assert h.tier("warm").stats.stores == 3
+            assert warm.stats.stores == 3
 
     run_async(body())
 

@@ -32,10 +32,12 @@ import asyncio
 import gc
 import inspect
 import json
+import os
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -119,6 +121,74 @@ def same_bits(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
             b.contiguous().reshape(-1).view(torch.uint8),
         )
     )
+
+
+#: The most of another thread's wait for a CPU that one heartbeat beat may discount (see
+#: ``BackendContract.test_event_loop_is_not_blocked``): a GIL holder preempted by another
+#: process waits about one scheduler period, far less; a loop blocked for longer than this
+#: plus the test's 20 ms margin fails even on a loaded machine.
+_OTHER_WAIT_CAP_S = 0.050
+
+
+class _CpuWaits:
+    """Per-thread CPU time and waits for a CPU (runnable, not running) of this process:
+    the first two fields of Linux's ``/proc/self/task/<tid>/schedstat``, in ns. Made on
+    the event-loop thread, which it tells apart. Where the files are missing nothing is
+    known and :meth:`excused` is zero."""
+
+    def __init__(self) -> None:
+        self._me = str(threading.get_native_id())
+        self._fds: dict[str, int] = {}
+        try:
+            self._cpus = max(1, len(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):
+            self._cpus = max(1, os.cpu_count() or 1)
+
+    def snapshot(self) -> dict[str, tuple[int, int]]:
+        try:
+            tids = os.listdir("/proc/self/task")
+        except OSError:
+            return {}
+        out: dict[str, tuple[int, int]] = {}
+        for tid in tids:
+            fd = self._fds.get(tid)
+            try:
+                if fd is None:
+                    path = f"/proc/self/task/{tid}/schedstat"
+                    fd = self._fds[tid] = os.open(path, os.O_RDONLY)
+                fields = os.pread(fd, 128, 0).split()
+                out[tid] = (int(fields[0]), int(fields[1]))
+            except (OSError, ValueError, IndexError):  # the thread ended
+                if fd is not None:
+                    os.close(self._fds.pop(tid))
+        return out
+
+    def excused(
+        self, before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
+    ) -> float:
+        """Seconds between two snapshots that the loop surely lost to *other processes*
+        taking the CPUs: the loop thread's wait for a CPU, and the longest wait of another
+        thread (which may hold the GIL the loop needs; at most :data:`_OTHER_WAIT_CAP_S`),
+        each less what this process's other threads ran meanwhile, spread over the CPUs
+        (a CPU they held is not one another process took from the loop)."""
+        me = self._me
+        ran = 0
+        own_wait = longest = 0
+        for tid, (cpu, wait) in after.items():
+            cpu0, wait0 = before.get(tid, (0, 0))
+            if tid == me:
+                own_wait = wait - wait0
+            else:
+                ran += cpu - cpu0
+                longest = max(longest, wait - wait0)
+        ours = ran / self._cpus
+        other = min(max(0.0, longest - ours) / 1e9, _OTHER_WAIT_CAP_S)
+        return max(0.0, own_wait - ours) / 1e9 + other
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 async def _started(factory: Factory, **opts: Any) -> StorageBackend:
@@ -458,14 +528,34 @@ class BackendContract(_Base):
         self.run(body)
 
     def test_event_loop_is_not_blocked(self, backend_factory: Factory) -> None:
+        """16 concurrent puts of big values leave the event loop responsive: a 1 ms
+        heartbeat's 99th-percentile lag stays within 20 ms of its idle one.
+
+        The lag counts what the backend can cause (the loop thread busy, asleep in a call
+        that blocks, or kept off the CPUs by the backend's own threads) and not what other
+        processes on a loaded machine do: the time the loop thread waited for a CPU, and
+        (up to 50 ms a beat) the longest such wait of another thread of the process, which
+        may hold the GIL the loop needs, are taken off, less the CPU time the process's
+        other threads had meanwhile (the kernel's per-thread counts, Linux; plain
+        wall-clock lag elsewhere).
+        """
+
         async def heartbeat(stop: asyncio.Event, lags: list[float]) -> None:
             period = 0.001
-            while not stop.is_set():
-                t0 = time.perf_counter()
-                await asyncio.sleep(period)
-                lags.append(time.perf_counter() - t0 - period)
+            waits = _CpuWaits()
+            try:
+                while not stop.is_set():
+                    w0 = waits.snapshot()
+                    t0 = time.perf_counter()
+                    await asyncio.sleep(period)
+                    t1 = time.perf_counter()
+                    lag = t1 - t0 - period - waits.excused(w0, waits.snapshot())
+                    lags.append(max(0.0, lag))
+            finally:
+                waits.close()
 
         async def measure(work: Callable[[], Awaitable[Any]] | None, seconds: float) -> float:
+            """The heartbeat's p99 lag while ``work`` runs (or for ``seconds``)."""
             stop = asyncio.Event()
             lags: list[float] = []
             hb = asyncio.ensure_future(heartbeat(stop, lags))
@@ -495,7 +585,7 @@ class BackendContract(_Base):
 
                 # The cyclic GC can pause a big test process for tens of ms; that is not the
                 # backend blocking the loop, so both phases run with it off.
-                # A shared, loaded machine can deschedule the whole process for tens of ms;
+                # A shared, loaded machine can still delay the whole process now and then;
                 # a backend that really blocks the loop fails every attempt, so the best of
                 # three is judged.
                 attempts: list[tuple[float, float]] = []
@@ -510,10 +600,12 @@ class BackendContract(_Base):
                             break
                 finally:
                     gc.enable()
+                ms = [(round(x * 1e3, 1), round(y * 1e3, 1)) for x, y in attempts]
                 busy, idle = min(attempts)
                 assert busy < 0.020 + idle, (
                     f"event loop blocked: heartbeat p99 lag {busy * 1e3:.1f} ms under 16 concurrent "
-                    f"{self.big_bytes >> 20} MiB puts (idle p99 {idle * 1e3:.1f} ms)"
+                    f"{self.big_bytes >> 20} MiB puts (idle p99 {idle * 1e3:.1f} ms; every "
+                    f"attempt's (busy, idle) p99 in ms: {ms})"
                 )
             finally:
                 await b.close()

@@ -21,6 +21,7 @@ import sys
 import tempfile
 from typing import Any
 
+from ...libc import libc_function
 from ...redaction import scrub
 
 __all__ = ["read_stats", "write_stats"]
@@ -30,10 +31,8 @@ _RENAME_EXCHANGE = 2
 
 
 def _load_renameat2() -> Any:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError):
+    fn = libc_function("renameat2")
+    if fn is None:
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
     fn.restype = ctypes.c_int

@@ -27,6 +27,8 @@ import time
 
 import torch
 
+from lmcache_core.libc import libc_function
+
 __all__ = [
     "ALIGN",
     "AlignedBuffer",
@@ -281,10 +283,8 @@ _STATX_DIO_MEM_ALIGN_AT = 0x98  # struct statx: stx_dio_mem_align (u32), then th
 def _statx_dio_align(fd: int) -> tuple[int, int] | None:
     """``(stx_dio_mem_align, stx_dio_offset_align)`` of the open file ``fd`` (Linux 6.1+,
     glibc 2.28+), or ``None`` where the system or the filesystem does not report them."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.statx
-    except (OSError, AttributeError):
+    fn = libc_function("statx")
+    if fn is None:
         return None
     buf = ctypes.create_string_buffer(_STATX_SIZE)
     if fn(fd, b"", _AT_EMPTY_PATH, _STATX_DIOALIGN, buf) != 0:

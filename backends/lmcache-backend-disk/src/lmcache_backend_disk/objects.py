@@ -34,6 +34,7 @@ from xxhash import xxh3_128, xxh3_128_hexdigest
 
 from lmcache_core import format as fmt
 from lmcache_core.errors import FormatError
+from lmcache_core.libc import libc_function
 
 from .aligned import ALIGN, BufferPool, aligned_empty, round_up
 from .layout import current_umask, expected_location
@@ -656,10 +657,8 @@ def _pread_exact(fd: int, views: list[memoryview], offset: int, total: int) -> N
 
 
 def _load_fallocate() -> Callable[[int, int, int, int], int] | None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.fallocate
-    except (OSError, AttributeError):
+    fn = libc_function("fallocate")
+    if fn is None:
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
     fn.restype = ctypes.c_int

@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from lmcache_core.errors import ConfigError
+from lmcache_core.libc import libc_function
 
 __all__ = ["TierDir", "check_root", "open_root", "openat2_available"]
 
@@ -59,10 +60,8 @@ class _Openat2:
     def __init__(self) -> None:
         self.ok = False
         self._hows: dict[tuple[int, int], object] = {}
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fn = libc.syscall
-        except (OSError, AttributeError):
+        fn = libc_function("syscall")
+        if fn is None:
             return
         fn.restype = ctypes.c_long
         fn.argtypes = [
