@@ -554,7 +554,7 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
     # Arm 'onub' (--miss-unbatched-arm): the connector on with its lower tiers' background
     # stores one put per chunk (write queues' max_batch 1), as before batched stores.
     writers = [t.writer for t in worker._worker.storage.hierarchy.tiers[1:]]
-    batch_sizes = [w.max_batch for w in writers]
+    batch_sizes = [getattr(w, "max_batch", 1) for w in writers]  # (older versions: none)
     if spec.get("unbatched_arm"):
         arms.append("onub")
     saves = worker._worker.saves

@@ -125,9 +125,9 @@ def test_a_failed_batch_releases_every_chunk_and_the_worker_goes_on() -> None:
 
 
 def test_close_cancels_a_running_batch_as_that_many_stores() -> None:
-    gate = asyncio.Event
-
     class Slow(_Recorder):
+        gate: asyncio.Event
+
         async def store_batch(self, jobs: list[WriteJob]) -> None:
             self.batches.append([j.key.chunk_hash_hex for j in jobs])
             await self.gate.wait()
@@ -135,7 +135,7 @@ def test_close_cancels_a_running_batch_as_that_many_stores() -> None:
     rec = Slow()
 
     async def run() -> tuple[int, WriteQueue]:
-        rec.gate = gate()  # type: ignore[attr-defined]
+        rec.gate = asyncio.Event()
         q = _queue(rec, concurrency=1, max_batch=16)
         _enqueue(q, 4, "c")
         for _ in range(5):
