@@ -551,6 +551,12 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
         arms.append("on0")
     if spec.get("idle_arm"):
         arms.append("onidle")
+    # Arm 'onub' (--miss-unbatched-arm): the connector on with its lower tiers' background
+    # stores one put per chunk (write queues' max_batch 1), as before batched stores.
+    writers = [t.writer for t in worker._worker.storage.hierarchy.tiers[1:]]
+    batch_sizes = [getattr(w, "max_batch", 1) for w in writers]  # (older versions: none)
+    if spec.get("unbatched_arm"):
+        arms.append("onub")
     saves = worker._worker.saves
     real_submit = saves.submit
     submits: dict[str, Any] = {}  # arm -> what the worker's saves.submit is in it
@@ -574,6 +580,7 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
         "onidle": 875,
         "plan": 125,
         "gather": 375,
+        "onub": 625,
     }
     t_start = time.monotonic()
     rounds = 0
@@ -588,6 +595,8 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
             for arm in order:
                 switch.set(arm not in ("off", "off2"))  # every other arm has it on
                 saves.submit = submits.get(arm, real_submit)
+                for w, n in zip(writers, batch_sizes, strict=True):
+                    w.max_batch = 1 if arm == "onub" else n
                 for t, n in nices.items():
                     os.setpriority(os.PRIO_PROCESS, t, base_nice if arm == "on0" else n)
                 if "onidle" in arms:
@@ -1093,6 +1102,7 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         "on0": args.miss_on0,
         "idle_arm": args.miss_idle_arm,
         "split_arms": args.miss_split_arms,
+        "unbatched_arm": args.miss_unbatched_arm,
         "warm_batches": args.miss_warm_batches,
     }
     res = _run_child("toggle", spec, tmp, in_process=True)
@@ -1154,7 +1164,7 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
             print(f"    onidle / on, paired: {paired(oi, on)}")
             sd = [m["saved"] - m["first"] for m in rows["onidle"]]
             print(f"    onidle: saves done {statistics.median(sd) * 1e3:.0f} ms after the outputs")
-        for arm in [a for a in ("plan", "gather") if a in rows]:
+        for arm in [a for a in ("plan", "gather", "onub") if a in rows]:
             xs = [m["first"] for m in rows[arm]]
             print(
                 f"    {arm} median {statistics.median(xs) * scale:.1f} {unit}; {arm} / off, per "
@@ -1163,7 +1173,9 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         durable = [m["saved"] / n for m, n in zip(rows["on"], base_, strict=True)]
         print(f"    on until its saves are in every tier / off: {_ci_text(durable, seed=2)}")
         # Where the connector's time goes, as fractions of the off arm's wall time.
-        for arm in [a for a in ("on", "on0", "onidle", "plan", "gather", "off") if a in rows]:
+        for arm in [
+            a for a in ("on", "on0", "onidle", "plan", "gather", "onub", "off") if a in rows
+        ]:
             hooks = statistics.median(m["hooks"] for m in rows[arm])
             thr = statistics.median(m["threads_cpu"] for m in rows[arm])
             ref = statistics.median(off)
@@ -1354,6 +1366,12 @@ def main() -> int:
         action="store_true",
         help="miss (toggle): also the arms 'plan' (connector on, the worker gathers and "
         "stores nothing) and 'gather' (it gathers into one reused buffer, stores nothing)",
+    )
+    ap.add_argument(
+        "--miss-unbatched-arm",
+        action="store_true",
+        help="miss (toggle): also the arm 'onub', the connector on with the lower tiers' "
+        "background stores one put per chunk (max_batch 1: no batched write-through)",
     )
     ap.add_argument(
         "--miss-idle-arm",

@@ -41,6 +41,8 @@ T = TypeVar("T")
 
 #: Loads abandoned after their deadline that may still run before the tier is skipped.
 MAX_ABANDONED_LOADS = 32
+#: Most background stores one batched put of a persistent tier takes (see ``WriteQueue``).
+STORE_BATCH = 16
 
 
 class _DeadlineMissed(Exception):
@@ -89,6 +91,13 @@ class Tier:
             else cfg.max_queue_latency_ms / 1e3,
             concurrency=cfg.write_concurrency,
             name=cfg.name,
+            # Persistent tiers without a codec take the stores waiting together as one
+            # batched put (one index transaction and flush wave per batch, not per chunk);
+            # memory tiers keep one put per store (each may take its buffer, donated).
+            store_batch=self._store_jobs
+            if cfg.codec_impl is None and backend.capabilities.persistent
+            else None,
+            max_batch=STORE_BATCH,
         )
         #: The tier's codec (``codec:`` in its configuration), or ``None``.
         self.codec = TierCodec(cfg.codec_impl) if cfg.codec_impl is not None else None
@@ -400,6 +409,32 @@ class Tier:
             return
         self._succeeded()
         self.stats.store_latency.add(time.perf_counter() - t0)
+        self._stored(job, ok)
+
+    async def _store_jobs(self, jobs: list[WriteJob]) -> None:
+        """Background stores waiting together, as one batched put (never donated: only
+        persistent tiers without a codec batch them, see ``__init__``)."""
+        if not await self._ready():
+            self.stats.drop("tier_failing", len(jobs))
+            return
+        t0 = time.perf_counter()
+        try:
+            results = await self.data.batched_put(
+                [j.key for j in jobs], [j.chunk.value for j in jobs], False
+            )
+        except Exception as exc:
+            self.stats.store_failures += len(jobs)
+            self._failed("store", exc)
+            return
+        self._succeeded()
+        dt = time.perf_counter() - t0
+        for job, ok in zip(jobs, results, strict=True):
+            self.stats.store_latency.add(dt)
+            self._stored(job, ok)
+
+    def _stored(self, job: WriteJob, ok: bool) -> None:
+        """Count one finished background store."""
+        value = job.chunk.value
         if ok:
             self.stats.stores += 1
             self.stats.bytes_in += _nbytes(value)

@@ -1,7 +1,10 @@
 """The bounded background-store queue of one tier.
 
 Stores to lower tiers never delay the caller: they are queued here and run by
-``concurrency`` worker tasks. The queue sheds load instead of growing: a new store is
+``concurrency`` worker tasks. With ``store_batch`` a worker takes every store waiting
+when it wakes (up to ``max_batch``) and runs them as one call: a tier's batched put
+costs one index transaction and one flush wave for the batch instead of one per chunk
+(nothing waits to fill a batch: a lone store runs alone). The queue sheds load instead of growing: a new store is
 refused (and counted by the tier) when ``max_queue`` stores are pending or running, or
 while the oldest pending store has waited longer than ``max_latency_s``. A key already
 pending is not queued twice. Loads never pass through here, so they are never dropped.
@@ -50,8 +53,12 @@ class WriteQueue:
         max_latency_s: float | None,
         concurrency: int,
         name: str = "",
+        store_batch: Callable[[list[WriteJob]], Awaitable[None]] | None = None,
+        max_batch: int = 1,
     ) -> None:
         self._store = store
+        self._store_batch = store_batch
+        self.max_batch = max(1, max_batch) if store_batch is not None else 1
         self._stats = stats
         self.max_queue = max_queue
         self.max_latency_s = max_latency_s
@@ -141,34 +148,43 @@ class WriteQueue:
             await asyncio.sleep(0)  # one store per loop iteration and worker: never starve it
             if not self._queued:
                 continue
-            key, job = self._queued.popitem(last=False)
-            self._nrunning += 1
+            jobs = [
+                self._queued.popitem(last=False)[1]
+                for _ in range(min(self.max_batch, len(self._queued)))
+            ]
+            self._nrunning += len(jobs)
             done: asyncio.Future[None] = loop.create_future()
-            self._running.setdefault(key, []).append(done)
-            self._running_jobs[key] = job
+            now = time.monotonic()
+            for job in jobs:
+                self._running.setdefault(job.key, []).append(done)
+                self._running_jobs[job.key] = job
+                self._stats.queue_wait.add(now - job.enqueued_at)
             self._update_idle()
-            self._stats.queue_wait.add(time.monotonic() - job.enqueued_at)
             reusable = True
             try:
-                await self._store(job)
-                self.completed += 1
+                if len(jobs) == 1 or self._store_batch is None:
+                    await self._store(jobs[0])
+                else:
+                    await self._store_batch(jobs)
+                self.completed += len(jobs)
             except asyncio.CancelledError:
-                reusable = False  # a copy may still be reading the buffer
-                self.cancelled += 1
+                reusable = False  # a copy may still be reading the buffers
+                self.cancelled += len(jobs)
                 raise
             except Exception:  # the tier wrapper counts errors; never kill the worker
                 log.exception("background store to tier %r failed", self.name)
             finally:
-                job.chunk.release(reusable)
-                futs = self._running.get(key)
-                if futs is not None:
-                    futs.remove(done)
-                    if not futs:
-                        del self._running[key]
-                if self._running_jobs.get(key) is job:
-                    del self._running_jobs[key]
+                for job in jobs:
+                    job.chunk.release(reusable)
+                    futs = self._running.get(job.key)
+                    if futs is not None:
+                        futs.remove(done)
+                        if not futs:
+                            del self._running[job.key]
+                    if self._running_jobs.get(job.key) is job:
+                        del self._running_jobs[job.key]
                 done.set_result(None)
-                self._nrunning -= 1
+                self._nrunning -= len(jobs)
                 self._update_idle()
 
     async def flush(self) -> None:
