@@ -39,6 +39,7 @@ __all__ = [
     "BatchedPinning",
     "Capabilities",
     "ClassCheck",
+    "EntryCharges",
     "EntryChecks",
     "EntryInfo",
     "EvictionEvents",
@@ -432,6 +433,20 @@ class VictimSelection(Protocol):
 
 
 @runtime_checkable
+class EntryCharges(Protocol):
+    """Optional: how many bytes of its bound the tier charges for one stored value.
+
+    A placement policy then counts room as the tier does (a tier that adds per-entry
+    overhead to ``max_bytes`` would otherwise look roomier to the policy than it is)."""
+
+    def entry_cost(self, nbytes: int) -> int:
+        """Bytes of the tier's bound one entry holding an ``nbytes`` value takes (at
+        least ``nbytes``); ``n`` such values fit when ``n * entry_cost(nbytes)`` is at
+        most the bound. Pure and quick: no I/O, no lock that a put holds."""
+        ...
+
+
+@runtime_checkable
 class OpensForMaintenance(Protocol):
     """Optional (on the class): open an existing tier stored in a local directory, for
     ``lmcache-core verify/gc/inspect --path DIR`` (asked of the backend of ``file://``)."""
@@ -477,6 +492,7 @@ OPTIONAL_PROTOCOLS: dict[type[Any], str] = {
     EntryChecks: "entry checks",
     Reconcilable: "reconcile",
     VictimSelection: "victim selection",
+    EntryCharges: "entry charges",
     OpensForMaintenance: "opens a tier directory for maintenance",
     RuntimeNote: "runtime note",
 }

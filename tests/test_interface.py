@@ -59,6 +59,7 @@ def test_first_party_classes_pass_and_name_their_capabilities():
     assert cpu.optional == [
         "ThreadSafeLoads", "ThreadSafeContains", "ThreadSafePuts", "ThreadSafeBorrows",
         "ReservedPuts", "EvictionEvents", "Pinning", "BatchedPinning", "VictimSelection",
+        "EntryCharges",
     ]  # fmt: skip
     disk = check_backend_class(DiskBackend)
     assert (disk.problems, disk.warnings) == ([], [])

@@ -71,6 +71,7 @@ from ..config import CacheConfig, load_config
 from ..config.namespaces import namespace_label, namespace_warnings, resolve_namespace
 from ..errors import ConfigError
 from ..interface import (
+    EntryCharges,
     EvictionEvents,
     ReservedPuts,
     ThreadSafeBorrows,
@@ -303,8 +304,7 @@ class TieredHierarchy(BaseBackend):
         book = ChainBook(chunk_tokens=cfg.chunk_size)
         for t in self.tiers:
             # sizes as the backend charges them against its bound, when it says
-            charge = getattr(t.backend, "entry_cost", None)
-            charge = charge if callable(charge) else None
+            charge = t.backend.entry_cost if implements(t.backend, EntryCharges) else None
             ctx = policy_context(t.cfg, pl, cfg.chunk_size, charge)
             chooses = not ctx.shared and implements(t.backend, VictimSelection)
             t.placement = TierPlacement(factory(ctx), book, ctx.chunk_bytes, chooses, charge)
