@@ -339,19 +339,19 @@ class DiskStore(DiskState):
         # run_all reports each call's exception instead of raising: every file is closed
         errors = self._flusher.run_all(flush, calls)
         dir_failed = False
-        for (w, what), exc in zip(calls, errors, strict=True):
-            if exc is None:
+        for (failed, what), err in zip(calls, errors, strict=True):
+            if err is None:
                 continue
-            if w is None:
-                if not isinstance(exc, OSError):
-                    raise exc
+            if failed is None:
+                if not isinstance(err, OSError):
+                    raise err
                 dir_failed = True
-                log.warning("disk tier %s: fsync of %s failed: %s", self.root, what, exc)
+                log.warning("disk tier %s: fsync of %s failed: %s", self.root, what, err)
                 continue
-            w.written = False
+            failed.written = False
             self.counters.store_failures += 1
             self._stats.errors += 1
-            log.warning("disk tier %s: flushing %s failed: %s", self.root, w.rel, exc)
+            log.warning("disk tier %s: flushing %s failed: %s", self.root, failed.rel, err)
         if dirs and not dir_failed:
             for w, _ in todo:
                 w.new_dirs = ()  # durable already: not fsynced again after the renames
@@ -405,11 +405,11 @@ class DiskStore(DiskState):
             dirs.update(d for i in renamed for d in writes[i].new_dirs)
             order = sorted(dirs, key=lambda p: (-p.count("/"), p))
             errors = self._flusher.run_all(self.tier.fsync_dir, order)
-            for d, exc in zip(order, errors, strict=True):
-                if isinstance(exc, OSError):
-                    log.warning("disk tier %s: fsync of %s failed: %s", self.root, d, exc)
-                elif exc is not None:
-                    raise exc
+            for d, err in zip(order, errors, strict=True):
+                if isinstance(err, OSError):
+                    log.warning("disk tier %s: fsync of %s failed: %s", self.root, d, err)
+                elif err is not None:
+                    raise err
         return results
 
     def _unlink_quietly(self, rel: str) -> None:

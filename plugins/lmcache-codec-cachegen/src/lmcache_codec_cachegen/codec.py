@@ -292,7 +292,7 @@ class CacheGenCodec:
             pos += pbytes
         stream[pos : pos + len(payload)] = np.frombuffer(payload, dtype=np.uint8)
         total = write_frame(stream, _TAG, _VERSION, tensor.dtype, tensor.numel(), nbytes)
-        return memoryview(stream)[:total]
+        return stream.data[:total]
 
     # ------------------------------------------------------------------ decode
     def decode_into(self, buf: Any, out: torch.Tensor) -> None:

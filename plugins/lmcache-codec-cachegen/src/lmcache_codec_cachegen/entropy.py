@@ -45,7 +45,7 @@ def encode_symbols(
         zc = zstandard.ZstdCompressor(level=level)
         frames: list[bytes] = []
         for start, stop, _ in contexts:
-            frame = zc.compress(symbols[start:stop])
+            frame = zc.compress(symbols[start:stop].data)
             frames += [_U32.pack(len(frame)), frame]
         return b"".join(frames)
     import constriction
@@ -91,7 +91,7 @@ def decode_symbols(
         import zstandard
 
         dctx = zstandard.ZstdDecompressor()
-        target = memoryview(out)
+        target = out.data
         pos = 0
         for start, stop, _ in contexts:
             if pos + _U32.size > len(view):

@@ -121,7 +121,7 @@ class LosslessCodec:
         out = self._scratch.numpy("enc", FRAME_BYTES + len(body))
         out[FRAME_BYTES:] = np.frombuffer(body, dtype=np.uint8)
         n = write_frame(out, _TAG, _VERSION, tensor.dtype, tensor.numel(), len(body))
-        return memoryview(out)[:n]
+        return out.data[:n]
 
     def _blosc_compress(self, src: np.ndarray[Any, Any], itemsize: int) -> bytes:
         import blosc2
@@ -150,7 +150,7 @@ class LosslessCodec:
         if self.compressor == "zstd":
             # a ZstdCompressor is not thread-safe: one per call is cheap next to the data
             comp = self._zstd.ZstdCompressor(level=max(self.level, 1))
-            return bytes(comp.compress(data))
+            return bytes(comp.compress(data.data))
         import lz4.block
 
         return bytes(lz4.block.compress(data, store_size=False))
@@ -192,7 +192,7 @@ class LosslessCodec:
         target = self._scratch.numpy("shuffle", dst.size) if unshuffle else dst
         if self.compressor == "zstd":
             reader = self._zstd.ZstdDecompressor().stream_reader(body)
-            read_stream_into(reader, memoryview(target), "zstd stream")
+            read_stream_into(reader, target.data, "zstd stream")
         else:
             import lz4.block
 

@@ -138,9 +138,9 @@ class _IntCodec(_GroupCodec):
         """Quantize ``tensor``; the view is valid until this thread's next call."""
         if tensor.numel() == 0:
             out = self._stream(_HEAD.size)
-            _HEAD.pack_into(out.numpy(), FRAME_BYTES, self.group_size, _MODES[self.mode], 0, 0)
+            _HEAD.pack_into(out.numpy().data, FRAME_BYTES, self.group_size, _MODES[self.mode], 0, 0)
             n = write_frame(out.numpy(), _TAG, _VERSION, tensor.dtype, 0, _HEAD.size)
-            return memoryview(out.numpy())[:n]
+            return out.numpy().data[:n]
         v, n, ng = self._padded_f32(tensor, "x")
         levels = (1 << self.bits) - 1
         mn, mx = torch.aminmax(v, dim=1)
@@ -176,7 +176,7 @@ class _IntCodec(_GroupCodec):
         off += ng * psize
         body[off : off + q.numel()].copy_(q.reshape(-1))
         total = write_frame(stream.numpy(), _TAG, _VERSION, tensor.dtype, n, nbytes, flags)
-        return memoryview(stream.numpy())[:total]
+        return stream.numpy().data[:total]
 
     def decode_into(self, buf: Any, out: torch.Tensor) -> None:
         """Dequantize ``buf`` into ``out``; :class:`CodecError` if it cannot."""
@@ -267,7 +267,7 @@ class Fp8Codec(_GroupCodec):
             q = v.div(s.float()[:, None]).clamp_(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
             body[off : off + ng * g].copy_(q.view(torch.uint8).reshape(-1))
         total = write_frame(stream.numpy(), _TAG, _VERSION, tensor.dtype, n, nbytes)
-        return memoryview(stream.numpy())[:total]
+        return stream.numpy().data[:total]
 
     def decode_into(self, buf: Any, out: torch.Tensor) -> None:
         """Dequantize ``buf`` into ``out``; :class:`CodecError` if it cannot."""
