@@ -136,3 +136,22 @@ def test_no_niceness_option_defaults_above_zero() -> None:
     assert build_options(ConnectorOptions, {}).copy_nice == 0
     gds = pytest.importorskip("lmcache_backend_gds.options")
     assert gds.GdsOptions.__dataclass_fields__["io_nice"].default == 0
+
+
+def test_connector_copy_threads_run_at_the_process_priority_by_default() -> None:
+    from lmcache_core.config import load_config
+    from lmcache_core.integrations.vllm.storage import COPY_THREAD_PREFIX, Storage
+
+    def me() -> tuple[str, int]:
+        return threading.current_thread().name, _base()
+
+    async def hop() -> tuple[str, int]:
+        return await asyncio.to_thread(me)
+
+    cfg = load_config({"chunk_size": 32, "tiers": [{"name": "cpu", "backend": "cpu"}]})
+    storage = Storage(cfg, NS)
+    try:
+        name, nice = storage.sync.io.run(hop())
+    finally:
+        storage.close()
+    assert name.startswith(COPY_THREAD_PREFIX) and nice == _base()
