@@ -274,8 +274,8 @@ def lower_thread_priority(increment: int) -> None:
     threads) load every core the kernel gives a nice-10 or nice-19 thread so little CPU
     that it holds the GIL, or is handed it, while it waits for a CPU, and the event loop
     and every other thread of the process wait with it (a priority inversion through the
-    GIL: loop stalls of 100-900 ms under two busy-loop processes on 2 cores, see
-    docs/architecture.md). Niceness only helps a thread whose work never needs the GIL.
+    GIL: loop stalls up to ~1 s under two busy-loop processes on 2 cores, see
+    docs/architecture.md, "Threads run at the process's priority"). Niceness only helps a thread whose work never needs the GIL.
     """
     if increment <= 0:
         return
