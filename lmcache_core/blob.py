@@ -54,8 +54,8 @@ What the base provides on top of :class:`~lmcache_core.backend.BaseBackend`:
 Options the base reads from the subclass's ``Options`` when present (all optional):
 ``max_concurrency`` (default 16), ``lookup_cache_s`` (positive answers, default 10),
 ``negative_cache_s`` (negative answers, default 1; 0 turns a cache off), ``io_nice``
-(niceness added to the I/O threads so that their copies never starve the event loop or
-the serving threads of CPU; default 10). A minimal
+(niceness added to the I/O threads; default 0, and best left there: the threads run
+Python, see :func:`lower_thread_priority`). A minimal
 backend::
 
     @dataclass(frozen=True)
@@ -267,7 +267,16 @@ def decode_object(
 
 
 def lower_thread_priority(increment: int) -> None:
-    """Make the calling (I/O) thread nicer by ``increment`` (Linux: per thread)."""
+    """Make the calling thread nicer by ``increment`` (Linux: per thread; at most 19).
+
+    Every default that calls this passes 0 (nothing happens): a niced thread that runs
+    Python takes the GIL, and when other processes (or the process's own compute
+    threads) load every core the kernel gives a nice-10 or nice-19 thread so little CPU
+    that it holds the GIL, or is handed it, while it waits for a CPU, and the event loop
+    and every other thread of the process wait with it (a priority inversion through the
+    GIL: loop stalls up to ~1 s under two busy-loop processes on 2 cores, see
+    docs/architecture.md, "Threads run at the process's priority"). Niceness only helps a thread whose work never needs the GIL.
+    """
     if increment <= 0:
         return
     try:
@@ -366,7 +375,7 @@ class BlobBackend(BaseBackend):
         self.batch_concurrency = int(
             getattr(options, "max_concurrency", None) or self.default_concurrency
         )
-        self.io_nice = int(getattr(options, "io_nice", 10))
+        self.io_nice = int(getattr(options, "io_nice", 0))
         self._ns_json = namespace.to_json() if namespace is not None else ""
         self._ns_dir = namespace_dir(self._ns_json)
         self._presence = _PresenceCache(

@@ -35,10 +35,17 @@ class StagingPool:
     write-through of a new chunk into a memory tier takes fresh memory, and on this kind
     of machine the page faults of fresh memory cost ~10x the copy itself (see
     :func:`~lmcache_core.memory.populated_empty`). So after each take of a buffer of
-    ``spare_min_nbytes`` or more, a background thread (at ``spare_nice``, the lowest
-    priority by default) tops the size's free list up to ``spare_bytes`` with buffers
-    already faulted in: a load that promotes a few chunks copies into memory that is
-    already there. A buffer taken when no spare is left is a page-aligned mapping that is
+    ``spare_min_nbytes`` or more, a background thread tops the size's free list up to
+    ``spare_bytes`` with buffers already faulted in: a load that promotes a few chunks
+    copies into memory that is already there.
+
+    With ``background`` (a function that runs a callable on some thread later, in order:
+    the hierarchy passes :meth:`CopyBudget.submit`) the top-up runs there, one buffer per
+    call, each queued behind the copies submitted meanwhile, so copies and faults together
+    never take more than that one thread's core from the event loop. Without it the pool
+    starts its own thread, ``spare_nice`` steps nicer than the process (default 0: a
+    niced thread that takes the GIL stalls the loop when other processes load every core,
+    see :func:`~lmcache_core.blob.lower_thread_priority`). A buffer taken when no spare is left is a page-aligned mapping that is
     not faulted in on the taking thread (the event loop): the copy thread takes its
     faults. ``spare_bytes=0`` turns the background top-up off.
     """
@@ -49,7 +56,8 @@ class StagingPool:
         *,
         spare_bytes: int = 32 << 20,
         spare_min_nbytes: int = 1 << 20,
-        spare_nice: int = 19,
+        spare_nice: int = 0,
+        background: Callable[[Callable[[], None]], object] | None = None,
     ) -> None:
         self.max_free_bytes = max_free_bytes
         self.spare_bytes = min(spare_bytes, max_free_bytes)
@@ -64,6 +72,8 @@ class StagingPool:
         self._cond = threading.Condition()
         self._wanted: set[int] = set()
         self._thread: threading.Thread | None = None
+        self._background = background
+        self._step_queued = False
         self._closed = False
 
     def take(self, nbytes: int) -> torch.Tensor:
@@ -132,12 +142,19 @@ class StagingPool:
             if self._closed or not self._short(nbytes):
                 return
             self._wanted.add(nbytes)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._top_up, name="lmcache-prefault", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify()
+            if self._background is not None:
+                if self._step_queued:
+                    return
+                self._step_queued = True
+            else:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._top_up, name="lmcache-prefault", daemon=True
+                    )
+                    self._thread.start()
+                self._cond.notify()
+                return
+        self._queue_step()
 
     def _short(self, nbytes: int) -> bool:
         """Whether the size's free list is under ``spare_bytes`` (caller holds the lock)."""
@@ -146,26 +163,67 @@ class StagingPool:
             have + nbytes <= self.spare_bytes and self._free_bytes + nbytes <= self.max_free_bytes
         )
 
+    def _next_wanted(self) -> int | None:
+        """A size still short of spares (caller holds the lock), dropping those that are
+        not; ``None`` when none is."""
+        while self._wanted:
+            nbytes = next(iter(self._wanted))
+            if self._short(nbytes):
+                return nbytes
+            self._wanted.discard(nbytes)
+        return None
+
+    def _fill_one(self, nbytes: int) -> bool:
+        """Fault in one spare of ``nbytes`` (caller does not hold the lock); False once
+        the pool is closed."""
+        buf = populated_empty(nbytes)  # (outside the lock: it takes milliseconds)
+        with self._cond:
+            if self._closed:
+                return False
+            if self._short(nbytes):
+                self._free.setdefault(nbytes, []).append(buf)
+                self._free_bytes += nbytes
+                self.prefaulted += 1
+        return True
+
     def _top_up(self) -> None:
+        """The pool's own thread (no ``background`` given)."""
         lower_thread_priority(self.spare_nice)
         while True:
             with self._cond:
-                while not self._wanted and not self._closed:
+                nbytes = None
+                while not self._closed and (nbytes := self._next_wanted()) is None:
                     self._cond.wait()
-                if self._closed:
+                if self._closed or nbytes is None:
                     return
-                nbytes = next(iter(self._wanted))
-                if not self._short(nbytes):
-                    self._wanted.discard(nbytes)
-                    continue
-            buf = populated_empty(nbytes)  # (outside the lock: it takes milliseconds)
+            if not self._fill_one(nbytes):
+                return
+
+    def _queue_step(self) -> None:
+        assert self._background is not None
+        try:
+            self._background(self._step)
+        except RuntimeError:  # the thread is shutting down: no more spares
             with self._cond:
-                if self._closed:
-                    return
-                if self._short(nbytes):
-                    self._free.setdefault(nbytes, []).append(buf)
-                    self._free_bytes += nbytes
-                    self.prefaulted += 1
+                self._step_queued = False
+
+    def _step(self) -> None:
+        """One spare on the ``background`` thread, then the next step queued behind the
+        work submitted meanwhile (copies wait for at most one buffer's faults)."""
+        with self._cond:
+            nbytes = None if self._closed else self._next_wanted()
+            if nbytes is None:
+                self._step_queued = False
+                return
+        more = False
+        try:
+            more = self._fill_one(nbytes)
+        finally:
+            if not more:
+                with self._cond:
+                    self._step_queued = False
+        if more:
+            self._queue_step()
 
 
 class StagedChunk:
@@ -234,6 +292,8 @@ class CopyBudget:
     not a pool, so that staging copies never take more than one core from the event loop
     (with a pool of threads, 16 concurrent 4 MiB stores on this 2-core machine pushed the
     loop's p99 wake-up lag from ~10 ms to ~30 ms; with one thread it stayed at ~10 ms).
+    The hierarchy's staging pool faults in its spare buffers on the same thread
+    (:meth:`submit`), for the same reason.
     """
 
     def __init__(self, yield_every_bytes: int = 1 << 20, thread_bytes: int = 1 << 20) -> None:
@@ -241,13 +301,32 @@ class CopyBudget:
         self.thread_bytes = thread_bytes
         self._used = 0
         self._reset_pending = False
+        self._closed = False
+        self._lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     def close(self) -> None:
         """Stop the copy thread (after the copies already submitted)."""
+        self._closed = True
         if self._executor is not None:
             self._executor.shutdown(wait=False)
             self._executor = None
+
+    def _thread(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:  # (submit may come from any thread)
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="lmcache-staging"
+                )
+            return self._executor
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the copy thread after what was submitted before it (the staging
+        pool's top-up: :class:`StagingPool` ``background``). Raises ``RuntimeError`` once
+        closed. Any thread may call it."""
+        if self._closed:
+            raise RuntimeError("copy thread closed")
+        self._thread().submit(fn)
 
     def _reset(self) -> None:
         self._used = 0
@@ -256,11 +335,7 @@ class CopyBudget:
     async def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         n = dst.numel() * dst.element_size()
         if n > self.thread_bytes:
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="lmcache-staging"
-                )
-            await asyncio.get_running_loop().run_in_executor(self._executor, copy_into, dst, src)
+            await asyncio.get_running_loop().run_in_executor(self._thread(), copy_into, dst, src)
             return
         while self._used and self._used + n > self.yield_every_bytes:
             await asyncio.sleep(0)

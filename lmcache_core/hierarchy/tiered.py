@@ -269,8 +269,11 @@ class TieredHierarchy(BaseBackend):
             raise ValueError(
                 f"{len(cfg.tiers)} tiers configured but {len(backends)} backends given"
             )
-        self.pool = StagingPool()
+        # one thread for the staging copies and the pool's spare faults: together they
+        # never take more than one core from the event loop (and it runs at the loop's
+        # priority: a niced thread holding the GIL stalls the loop under outside load)
         self.budget = CopyBudget()
+        self.pool = StagingPool(background=self.budget.submit)
         self.tiers = [Tier(tc, b, self.pool) for tc, b in zip(cfg.tiers, backends, strict=True)]
         self.capabilities = self._derive_capabilities()  # type: ignore[misc]
         self.leases = LeaseTable()

@@ -115,12 +115,13 @@ class ConnectorOptions:
         "forward pass (each attention layer waits for its own copies) instead of before it.",
     )
     copy_nice: int = option(
-        10,
+        0,
         minimum=0,
         maximum=19,
         doc="Niceness added to the worker's copy threads (stored and promoted chunks into "
-        "its memory tier), so background copies take the CPU the forward pass leaves idle; "
-        "0: same priority as vLLM.",
+        "its memory tier; default 0: vLLM's priority). They run Python: while vLLM's "
+        "compute threads or other processes load every core, a niced one holding the GIL "
+        "stalls vLLM's engine thread and the connector's event loop.",
     )
     reset_shared_tiers: bool = option(
         False,

@@ -138,16 +138,18 @@ class Storage:
         )
         backend: Any = self.hierarchy
         self.sync = SyncBackend(backend, timeout=timeout_s)
-        if copy_nice > 0:
-            self._lower_copy_priority(copy_nice)
+        self._install_copy_threads(copy_nice)
         self.sync.start()
         _close_before_thread_pools_stop(self)
 
-    def _lower_copy_priority(self, nice: int) -> None:
-        """Run the IO loop's helper threads (``asyncio.to_thread``: the memory tier's
-        copies of stored and promoted chunks) ``nice`` steps below the process, so they
-        take the CPU vLLM's forward pass leaves idle rather than slow it. The loop
-        itself (lookups, load completions) keeps its priority."""
+    def _install_copy_threads(self, nice: int) -> None:
+        """The IO loop's helper threads (``asyncio.to_thread``: the memory tier's copies of
+        stored and promoted chunks): four, named ``COPY_THREAD_PREFIX``, ``nice`` steps
+        below the process. The loop itself (lookups, load completions) keeps its
+        priority. ``nice`` is 0 by default (``copy_nice``): the threads run Python, and a
+        niced one holding the GIL while vLLM's compute threads or other processes keep
+        the cores busy stalls vLLM's engine thread and this loop (see
+        :func:`lmcache_core.blob.lower_thread_priority`)."""
         pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=4,
             thread_name_prefix=COPY_THREAD_PREFIX,

@@ -51,11 +51,12 @@ class DiskOptions:
         "device's queue as full.",
     )
     io_nice: int = option(
-        10,
+        0,
         minimum=0,
         maximum=19,
-        doc="Niceness added to the I/O threads, so their copies never starve the event loop "
-        "or the serving threads of CPU (0: same priority as the process).",
+        doc="Niceness added to the I/O threads (default 0: the process's priority). They run "
+        "Python: when other processes load every core, a niced thread holding the GIL stalls "
+        "the event loop and every other thread.",
     )
     stale_temp_seconds: float = option(
         3600.0,

@@ -47,12 +47,12 @@ class GdsOptions:
         "kvikio's thread pool (num_threads) when cuFile is used.",
     )
     io_nice: int = option(
-        10,
+        0,
         minimum=0,
         maximum=19,
-        doc="Niceness added to the POSIX I/O threads, as for the disk backend (their copies "
-        "and checksums never starve the event loop or the serving threads; 0: same priority "
-        "as the process).",
+        doc="Niceness added to the POSIX I/O threads, as for the disk backend (default 0: the "
+        "process's priority; a niced thread holding the GIL stalls the event loop when other "
+        "processes load every core).",
     )
     task_size: int = option(
         "4MiB",

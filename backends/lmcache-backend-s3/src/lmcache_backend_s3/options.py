@@ -63,11 +63,12 @@ class S3Options:
         doc="Requests in flight (I/O threads and HTTP connections of the pool).",
     )
     io_nice: int = option(
-        10,
+        0,
         minimum=0,
         maximum=19,
-        doc="Niceness added to the I/O threads (encoding, checksums, HTTP), so they never "
-        "starve the event loop or the serving threads of CPU (0: same priority).",
+        doc="Niceness added to the I/O threads (encoding, checksums, HTTP; default 0: the "
+        "process's priority). They run Python: when other processes load every core, a "
+        "niced thread holding the GIL stalls the event loop and every other thread.",
     )
     connect_timeout_s: float = option(
         2.0, minimum=0.05, doc="Seconds to open a connection before the attempt fails."
