@@ -167,13 +167,6 @@ def test_batched_calls_decide_as_the_per_chunk_calls_on_the_rare_paths(
         assert order == [r.key for r in sorted(pb._hist_list, key=lambda r: r.stamp)]
 
 
-def test_batched_accesses_check_their_lengths_first() -> None:
-    p = CostAwarePolicy(4 << 20, chunk_bytes_hint=1 << 20)
-    with pytest.raises(ValueError):
-        p.record_accesses(["a", "b"], [ChunkInfo(None, 0, 1 << 20, 256, 0)], [False, False])
-    assert p.access_count("a") == 0  # nothing recorded
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_rewritten_policy_decides_as_the_previous_one(family: str) -> None:
     trace, ws = cut(family, 900)

@@ -215,9 +215,6 @@ class CostAwarePolicy:
         self._res: dict[_Rec, None] = {}  # resident records, in insertion order
         self._used = 0
         self._rates_by_shape: dict[tuple[int, int, int], float] = {}
-        # (_net_rate's rates by start token for one (tokens, nbytes): see _rate_of)
-        self._rates_by_start: dict[int, float] = {}
-        self._rate_tokens = self._rate_nbytes = -1
         self._heap: list[_Entry] = []
         self._seq = 0
         # Chunks inserted since the latest lookup go onto the heap at the next lookup
@@ -299,183 +296,90 @@ class CostAwarePolicy:
         """:meth:`record_access` for each (key, info, hit) in order (one call per lookup;
         the same decisions as the per-chunk calls)."""
         del hits  # the policy learns from accesses, not from their outcome
-        if len(keys) != len(infos):
-            raise ValueError(f"{len(keys)} keys but {len(infos)} infos")
         if self._pending:
             self._flush()
         recs = self._recs
-        get = recs.get
-        hist = self._hist_list  # (changed in place only)
-        cap = self._history_cap
         step_s, step_l = self._step_s, self._step_l
         rescale_at = _RESCALE_AT
-        # The judging tick counts down to the next judged access (0: none, without adapt).
-        # (judge_every <= 0 judges every access, as 1 does)
-        every = max(self._judge_every, 1)
-        left = max(every - self._tick, 1) if self._adapt else 0
-        # The growths, the clock and the tick live in locals; they are written back before
-        # anything that reads them (rescaling, judging, forgetting) and at the end.
+        adapt, every = self._adapt, self._judge_every
+        # The growths and the judging tick live in locals; they are written back before
+        # anything that reads them (rescaling, judging) and at the end.
         gs, gl = self._growth_s, self._growth_l
+        tick = self._tick
         clock = self._clock
-        ordered = self._ordered
         # (holding only matters with the short memory: no reuse statistics meanwhile)
         hold = self._hold and not self.long_memory
         rhist, racc = self._reuse_hist, self._class_acc
         reuses, inc = self._reuses, self._inc
-        if not hold and not ordered and len(hist) + len(keys) <= cap:
-            # The usual case (the long memory, nothing to forget in this lookup): the
-            # loop below without reuse statistics, access order or forgetting.
-            for key, info in zip(keys, infos, strict=False):  # (lengths checked)
-                gs *= step_s
-                gl *= step_l
-                clock += 1
-                if gs > rescale_at:
+        for key, info in zip(keys, infos, strict=True):
+            gs *= step_s
+            gl *= step_l
+            clock += 1
+            if gs > rescale_at:
+                self._growth_s, self._growth_l = gs, gl
+                self._rescale()
+                gs, gl = self._growth_s, self._growth_l
+            rec = recs.get(key)
+            if adapt:
+                tick += 1
+                if tick >= every:
+                    tick = 0
                     self._growth_s, self._growth_l = gs, gl
-                    self._rescale()
-                    gs, gl = self._growth_s, self._growth_l
-                rec = get(key)
-                if left:
-                    left -= 1
-                    if not left:
-                        left = every
-                        self._tick = 0
-                        self._growth_s, self._growth_l = gs, gl
-                        self._growth = gl if self.long_memory else gs
-                        self._judge(rec if rec is not None and rec.known else None)
-                if rec is None or not rec.known:  # a first access: _learn, inlined
-                    if rec is None:
-                        rec = recs[key] = _Rec(key)
-                    rec.known = True
-                    rec.hpos = len(hist)
-                    hist.append(rec)
-                    parent = info.parent
-                    if parent is not None:
-                        prec = get(parent)
-                        if prec is not None and prec.known:
-                            prec.children += 1
-                rec.stamp = clock
-                rec.wshort += gs
-                rec.wlong += gl
-                rec.count += 1
-        else:
-            for key, info in zip(keys, infos, strict=False):  # (lengths checked)
-                gs *= step_s
-                gl *= step_l
-                clock += 1
-                if gs > rescale_at:
-                    self._growth_s, self._growth_l = gs, gl
-                    self._rescale()
-                    gs, gl = self._growth_s, self._growth_l
-                rec = get(key)
-                if left:
-                    left -= 1
-                    if not left:
-                        left = every
-                        self._tick = 0
-                        self._growth_s, self._growth_l = gs, gl
-                        self._growth = gl if self.long_memory else gs
-                        self._judge(rec if rec is not None and rec.known else None)
-                if rec is not None and rec.known:
-                    if hold:
-                        d = clock - rec.stamp  # the reuse distance, binned as _reuse_bin does
-                        nb = d.bit_length()
-                        c = rec.count
-                        rhist[_CLASS_OF[c] if c < _CLASSES_AT else _LAST_CLASS][
-                            d if nb <= 2 else 4 * nb - 8 + ((d >> (nb - 3)) & 3)
-                        ] += inc
-                        reuses += 1
-                        if not reuses & _DENSITY_MASK:
-                            self._reuses = reuses
-                            self._estimate_densities()
-                            inc = self._inc
-                    if ordered:
-                        self._reorder(rec)
-                else:  # a first access: _learn, inlined
-                    if rec is None:
-                        rec = recs[key] = _Rec(key)
-                    rec.known = True
-                    rec.hpos = len(hist)
-                    hist.append(rec)
-                    if ordered:
-                        rec.opos = len(self._order)
-                        self._order.append(rec)
-                    parent = info.parent
-                    if parent is not None:
-                        prec = get(parent)
-                        if prec is not None and prec.known:
-                            prec.children += 1
-                    if len(hist) > cap:
-                        rec.stamp = self._clock = clock
-                        self._forget_one()
-                        ordered = self._ordered
-                rec.stamp = clock
-                rec.wshort += gs
-                rec.wlong += gl
-                n = rec.count + 1
-                rec.count = n
+                    self._growth = gl if self.long_memory else gs
+                    self._judge(rec if rec is not None and rec.known else None)
+            if rec is None or not rec.known:
+                self._clock = clock
+                rec = self._learn(key, rec, info.parent)
+            else:
                 if hold:
-                    racc[_CLASS_OF[n] if n < _CLASSES_AT else _LAST_CLASS] += inc
+                    d = clock - rec.stamp  # the reuse distance, binned as _reuse_bin does
+                    nb = d.bit_length()
+                    c = rec.count
+                    rhist[_CLASS_OF[c] if c < _CLASSES_AT else _LAST_CLASS][
+                        d if nb <= 2 else 4 * nb - 8 + ((d >> (nb - 3)) & 3)
+                    ] += inc
+                    reuses += 1
+                    if not reuses & _DENSITY_MASK:
+                        self._reuses = reuses
+                        self._estimate_densities()
+                        inc = self._inc
+                if self._ordered:
+                    self._reorder(rec)
+            rec.stamp = clock
+            rec.wshort += gs
+            rec.wlong += gl
+            n = rec.count + 1
+            rec.count = n
+            if hold:
+                racc[_CLASS_OF[n] if n < _CLASSES_AT else _LAST_CLASS] += inc
         self._growth_s, self._growth_l = gs, gl
         self._growth = gl if self.long_memory else gs
-        if left:
-            self._tick = every - left
+        self._tick = tick
         self._clock = clock
         self._reuses = reuses
 
     def admit(self, key: Hashable, info: ChunkInfo) -> bool:
         recs = self._recs
         skip: _Rec | None = None
-        parent = info.parent
-        if parent is not None:
-            skip = recs.get(parent)
+        if info.parent is not None:
+            skip = recs.get(info.parent)
             if skip is None or skip.info is None:
                 return False  # unreachable behind a missing parent
         if self._used + info.nbytes <= self.capacity_bytes:
             return True
-        lm = self.long_memory
-        # The victim: usually the heap's top is a valid one (what _scan would find first
-        # without popping anything); otherwise the full scan.
-        heap = self._heap
-        victim: _Rec | None = None
-        if heap:
-            top = heap[0]
-            v = top[2]
-            if (
-                v.alive
-                and v.info is not None
-                and not v.kids
-                and v is not skip
-                and (not v.known or (v.wlong if lm else v.wshort) == top[3])
-            ):
-                victim = v
+        victim = self._scan(None, skip, None, 0)
         if victim is None:
-            victim = self._scan(None, skip, None, 0)
-            if victim is None:
-                return False
-        rec = recs.get(key)
-        if not lm and self._hold and self._holds(victim, rec):
+            return False
+        lm = self.long_memory
+        if not lm and self._hold and self._holds(victim, recs.get(key)):
             return False  # worth more than a newcomer at its age (_estimate_densities)
         growth = self._growth
-        # _hits_of inlined for the victim (its prec is its parent's record) and the
-        # newcomer (whose parent's record is ``skip``)
-        hits = 0.0
-        if victim.known and victim.count >= self.min_reuse:
-            hits = victim.wlong if lm else victim.wshort
-        ph = victim.prec
-        if ph is not None and ph.known and ph.children > 0:
-            share = (ph.wlong if lm else ph.wshort) / ph.children
-            if share > hits:
-                hits = share
-        displaced = victim.rate * (hits / growth)
-        rate = rec.rate if rec is not None and rec.info is not None else self._rate_of(info)
-        hits = 0.0
-        if rec is not None and rec.known and rec.count >= self.min_reuse:
-            hits = rec.wlong if lm else rec.wshort
-        if skip is not None and skip.known and skip.children > 0:
-            share = (skip.wlong if lm else skip.wshort) / skip.children
-            if share > hits:
-                hits = share
-        return rate * (hits / growth) > displaced
+        # (a resident record's prec is its parent's record; the newcomer's is ``skip``)
+        displaced = victim.rate * (self._hits_of(victim, victim.prec, lm) / growth)
+        rec = recs.get(key)
+        rate = rec.rate if rec is not None and rec.info is not None else self._net_rate(info)
+        mine = rate * (self._hits_of(rec, skip, lm) / growth)
+        return mine > displaced
 
     def inserted(self, key: Hashable, info: ChunkInfo) -> None:
         recs = self._recs
@@ -485,7 +389,8 @@ class CostAwarePolicy:
         elif rec.info is not None:
             return
         rec.info = info
-        rec.rate = self._rate_of(info)
+        rate = self._rates_by_shape.get((info.start_token, info.tokens, info.nbytes))
+        rec.rate = rate if rate is not None else self._net_rate(info)
         self._res[rec] = None
         self._used += info.nbytes
         parent = info.parent
@@ -652,20 +557,6 @@ class CostAwarePolicy:
             rate = self._rates_by_shape[shape] = max(net, 0.0) / max(info.nbytes, 1)
             if len(self._rates_by_shape) > 1 << 16:
                 self._rates_by_shape.clear()
-                self._rates_by_start.clear()
-        # The same rates by start token alone, for the first (tokens, nbytes) seen (the
-        # usual case: one chunk size), without building the shape's tuple.
-        if self._rate_tokens < 0:
-            self._rate_tokens, self._rate_nbytes = info.tokens, info.nbytes
-        if info.tokens == self._rate_tokens and info.nbytes == self._rate_nbytes:
-            self._rates_by_start[info.start_token] = rate
-        return rate
-
-    def _rate_of(self, info: ChunkInfo) -> float:
-        """:meth:`_net_rate`, from the start-token table when the shape is the usual one."""
-        rate = self._rates_by_start.get(info.start_token, -1.0)
-        if rate < 0.0 or info.tokens != self._rate_tokens or info.nbytes != self._rate_nbytes:
-            rate = self._net_rate(info)
         return rate
 
     def _score(self, rec: _Rec) -> tuple[float, float]:
