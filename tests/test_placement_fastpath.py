@@ -139,6 +139,34 @@ def test_batched_calls_decide_as_the_per_chunk_calls(family: str) -> None:
     assert any(x[2] is False for x in a if x[0] == "admit")  # and refusals
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"history": 64},  # keys forgotten inside lookups (the batched form's general loop)
+        {"history": 64, "hold": False},  # (its loop for the usual state until the first)
+        {"half_life": 4.0},  # weights rescaled inside lookups
+        {"judge_every": 1},  # a vote on every access
+        {"judge_every": 0},  # (as 1)
+        {"judge_every": 3, "switch_at": 1.0},  # votes mid-lookup, memories switching
+    ],
+    ids=["small-history", "small-history-no-hold", "rescale", "judge-1", "judge-0", "judge-3"],
+)
+def test_batched_calls_decide_as_the_per_chunk_calls_on_the_rare_paths(
+    options: dict[str, Any],
+) -> None:
+    for family in ("rag-a0.8", "multi-turn"):
+        trace, ws = cut(family, 400)
+        cap = ws // 10
+        pa = CostAwarePolicy(cap, chunk_bytes_hint=256 * KVB, **options)
+        pb = CostAwarePolicy(cap, chunk_bytes_hint=256 * KVB, **options)
+        assert drive(pa, trace, cap, True) == drive(pb, trace, cap, False), (family, options)
+        # and the same history: which keys are remembered, how often accessed, how recently
+        keys = {k for req in trace for k, _ in chunk_chain(req, KVB)}
+        assert {k: pa.access_count(k) for k in keys} == {k: pb.access_count(k) for k in keys}
+        order = [r.key for r in sorted(pa._hist_list, key=lambda r: r.stamp)]
+        assert order == [r.key for r in sorted(pb._hist_list, key=lambda r: r.stamp)]
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_rewritten_policy_decides_as_the_previous_one(family: str) -> None:
     trace, ws = cut(family, 900)
