@@ -148,8 +148,12 @@ def test_batched_calls_decide_as_the_per_chunk_calls(family: str) -> None:
         {"judge_every": 1},  # a vote on every access
         {"judge_every": 0},  # (as 1)
         {"judge_every": 3, "switch_at": 1.0},  # votes mid-lookup, memories switching
+        {"judge_every": 2, "switch_at": 1.0},  # (switches inside lookups, both ways)
     ],
-    ids=["small-history", "small-history-no-hold", "rescale", "judge-1", "judge-0", "judge-3"],
+    ids=[
+        "small-history", "small-history-no-hold", "rescale", "judge-1", "judge-0", "judge-3",
+        "judge-2",
+    ],  # fmt: skip
 )
 def test_batched_calls_decide_as_the_per_chunk_calls_on_the_rare_paths(
     options: dict[str, Any],
@@ -165,6 +169,13 @@ def test_batched_calls_decide_as_the_per_chunk_calls_on_the_rare_paths(
         assert {k: pa.access_count(k) for k in keys} == {k: pb.access_count(k) for k in keys}
         order = [r.key for r in sorted(pa._hist_list, key=lambda r: r.stamp)]
         assert order == [r.key for r in sorted(pb._hist_list, key=lambda r: r.stamp)]
+        # and the same reuse statistics (recorded only while the short memory is in use:
+        # a switch inside a lookup must stop or start them at the same access)
+        assert (pa._reuse_hist, pa._class_acc, pa._reuses) == (
+            pb._reuse_hist,
+            pb._class_acc,
+            pb._reuses,
+        ), (family, options)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

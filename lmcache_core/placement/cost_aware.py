@@ -327,6 +327,9 @@ class CostAwarePolicy:
                     self._growth_s, self._growth_l = gs, gl
                     self._growth = gl if self.long_memory else gs
                     self._judge(rec if rec is not None and rec.known else None)
+                    # (a vote may switch the memory: statistics stop or start here, as
+                    # the per-chunk call would)
+                    hold = self._hold and not self.long_memory
             if rec is None or not rec.known:
                 self._clock = clock
                 rec = self._learn(key, rec, info.parent)
