@@ -151,9 +151,14 @@ def test_batched_calls_decide_as_the_per_chunk_calls(family: str) -> None:
         {"judge_every": 2, "switch_at": 1.0},  # (switches inside lookups, both ways)
     ],
     ids=[
-        "small-history", "small-history-no-hold", "rescale", "judge-1", "judge-0", "judge-3",
+        "small-history",
+        "small-history-no-hold",
+        "rescale",
+        "judge-1",
+        "judge-0",
+        "judge-3",
         "judge-2",
-    ],  # fmt: skip
+    ],
 )
 def test_batched_calls_decide_as_the_per_chunk_calls_on_the_rare_paths(
     options: dict[str, Any],
