@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -151,6 +152,28 @@ def _sys_snapshot() -> dict[str, float]:
         fields = f.readline().split()[1:]
     for name, v in zip(_STAT_FIELDS, fields, strict=False):
         out[f"cpu:{name}"] = int(v) / tick
+    # run-queue delay (runnable, not running) of this process's threads, by kind
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    main = threading.main_thread().native_id
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as f:
+                delay = int(f.read().split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
+        name = names.get(int(tid))
+        kind = (
+            "main"
+            if int(tid) == main
+            else "lmcache"
+            if name and name.startswith("lmcache")
+            else "python"
+            if name
+            else "native"
+        )
+        out[f"rq:{kind}"] = out.get(f"rq:{kind}", 0.0) + delay
     me = os.getpid()
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -601,6 +624,17 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
     batch_sizes = [getattr(w, "max_batch", 1) for w in writers]  # (older versions: none)
     if spec.get("unbatched_arm"):
         arms.append("onub")
+    # Arm 'onnosync' (--miss-nosync-arm): the connector on with its disk tier's flushes off
+    # (the backend's ``fsync: false``: no fdatasync of objects, no directory fsyncs).
+    disks = [
+        t.backend
+        for t in worker._worker.storage.hierarchy.tiers
+        if hasattr(t.backend, "opts") and hasattr(getattr(t.backend, "opts", None), "fsync")
+    ]
+    disk_opts = [(d, d.opts, d.io.durable) for d in disks]
+    if spec.get("nosync_arm"):
+        assert disks, "no disk tier with an fsync option"
+        arms.append("onnosync")
     saves = worker._worker.saves
     real_submit = saves.submit
     submits: dict[str, Any] = {}  # arm -> what the worker's saves.submit is in it
@@ -625,6 +659,7 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
         "plan": 125,
         "gather": 375,
         "onub": 625,
+        "onnosync": 937,
     }
     t_start = time.monotonic()
     rounds = 0
@@ -641,6 +676,10 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
                 saves.submit = submits.get(arm, real_submit)
                 for w, n in zip(writers, batch_sizes, strict=True):
                     w.max_batch = 1 if arm == "onub" else n
+                for d, o, durable in disk_opts:
+                    nosync = arm == "onnosync"
+                    d.opts = dataclasses.replace(o, fsync=False) if nosync else o
+                    d.io.durable = False if nosync else durable
                 for t, n in nices.items():
                     os.setpriority(os.PRIO_PROCESS, t, base_nice if arm == "on0" else n)
                 if "onidle" in arms:
@@ -1162,6 +1201,7 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         "unbatched_arm": args.miss_unbatched_arm,
         "warm_batches": args.miss_warm_batches,
         "sys_split": args.miss_sys_split,
+        "nosync_arm": args.miss_nosync_arm,
     }
     res = _run_child("toggle", spec, tmp, in_process=True)
     print(
@@ -1223,7 +1263,7 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
             print(f"    onidle / on, paired: {paired(oi, on)}")
             sd = [m["saved"] - m["first"] for m in rows["onidle"]]
             print(f"    onidle: saves done {statistics.median(sd) * 1e3:.0f} ms after the outputs")
-        for arm in [a for a in ("plan", "gather", "onub") if a in rows]:
+        for arm in [a for a in ("plan", "gather", "onub", "onnosync") if a in rows]:
             xs = [m["first"] for m in rows[arm]]
             print(
                 f"    {arm} median {statistics.median(xs) * scale:.1f} {unit}; {arm} / off, per "
@@ -1233,7 +1273,9 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         print(f"    on until its saves are in every tier / off: {_ci_text(durable, seed=2)}")
         # Where the connector's time goes, as fractions of the off arm's wall time.
         for arm in [
-            a for a in ("on", "on0", "onidle", "plan", "gather", "onub", "off") if a in rows
+            a
+            for a in ("on", "on0", "onidle", "plan", "gather", "onub", "onnosync", "off")
+            if a in rows
         ]:
             hooks = statistics.median(m["hooks"] for m in rows[arm])
             thr = statistics.median(m["threads_cpu"] for m in rows[arm])
@@ -1257,6 +1299,10 @@ def _print_sys_split(rows: dict[str, list[dict[str, Any]]]) -> None:
         "kthread:ksoftirqd",
         "kthread:other",
         "others",
+        "rq:main",
+        "rq:native",
+        "rq:lmcache",
+        "rq:python",
     ]
     arms = [a for a in rows if rows[a] and "sys" in rows[a][0]]
     print("    core time per batch (ms, medians; t0 -> outputs; /proc/stat is machine-wide):")
@@ -1466,6 +1512,12 @@ def main() -> int:
         help="miss (toggle): per batch, where the machine's core time went (/proc/stat: "
         "user, system, idle, iowait, softirq; this process, kernel threads by kind "
         "(jbd2, kworker, ksoftirqd), other processes), printed per arm",
+    )
+    ap.add_argument(
+        "--miss-nosync-arm",
+        action="store_true",
+        help="miss (toggle): arm 'onnosync': the connector on with the disk tier's flushes "
+        "off (fsync: false), paired with 'on' in the same process",
     )
     ap.add_argument(
         "--miss-unbatched-arm",
