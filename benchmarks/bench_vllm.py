@@ -635,6 +635,12 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("nosync_arm"):
         assert disks, "no disk tier with an fsync option"
         arms.append("onnosync")
+    # Arm 'oncpu' (--miss-cpuonly-arm): the connector on with its lower tiers' write policy
+    # set to 'none' (no write-through at all: stores go to the cpu tier only).
+    lower = list(worker._worker.storage.hierarchy.tiers[1:])
+    policies = [t.policy for t in lower]
+    if spec.get("cpuonly_arm"):
+        arms.append("oncpu")
     saves = worker._worker.saves
     real_submit = saves.submit
     submits: dict[str, Any] = {}  # arm -> what the worker's saves.submit is in it
@@ -660,6 +666,7 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
         "gather": 375,
         "onub": 625,
         "onnosync": 937,
+        "oncpu": 62,
     }
     t_start = time.monotonic()
     rounds = 0
@@ -676,6 +683,8 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
                 saves.submit = submits.get(arm, real_submit)
                 for w, n in zip(writers, batch_sizes, strict=True):
                     w.max_batch = 1 if arm == "onub" else n
+                for t, pol in zip(lower, policies, strict=True):
+                    t.policy = "none" if arm == "oncpu" else pol
                 for d, o, durable in disk_opts:
                     nosync = arm == "onnosync"
                     d.opts = dataclasses.replace(o, fsync=False) if nosync else o
@@ -1202,6 +1211,7 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         "warm_batches": args.miss_warm_batches,
         "sys_split": args.miss_sys_split,
         "nosync_arm": args.miss_nosync_arm,
+        "cpuonly_arm": args.miss_cpuonly_arm,
     }
     res = _run_child("toggle", spec, tmp, in_process=True)
     print(
@@ -1263,7 +1273,7 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
             print(f"    onidle / on, paired: {paired(oi, on)}")
             sd = [m["saved"] - m["first"] for m in rows["onidle"]]
             print(f"    onidle: saves done {statistics.median(sd) * 1e3:.0f} ms after the outputs")
-        for arm in [a for a in ("plan", "gather", "onub", "onnosync") if a in rows]:
+        for arm in [a for a in ("plan", "gather", "onub", "onnosync", "oncpu") if a in rows]:
             xs = [m["first"] for m in rows[arm]]
             print(
                 f"    {arm} median {statistics.median(xs) * scale:.1f} {unit}; {arm} / off, per "
@@ -1274,7 +1284,7 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         # Where the connector's time goes, as fractions of the off arm's wall time.
         for arm in [
             a
-            for a in ("on", "on0", "onidle", "plan", "gather", "onub", "onnosync", "off")
+            for a in ("on", "on0", "onidle", "plan", "gather", "onub", "onnosync", "oncpu", "off")
             if a in rows
         ]:
             hooks = statistics.median(m["hooks"] for m in rows[arm])
@@ -1518,6 +1528,12 @@ def main() -> int:
         action="store_true",
         help="miss (toggle): arm 'onnosync': the connector on with the disk tier's flushes "
         "off (fsync: false), paired with 'on' in the same process",
+    )
+    ap.add_argument(
+        "--miss-cpuonly-arm",
+        action="store_true",
+        help="miss (toggle): arm 'oncpu': the connector on with no write-through to its "
+        "lower tiers (their write policy 'none'), paired with 'on' in the same process",
     )
     ap.add_argument(
         "--miss-unbatched-arm",
