@@ -163,14 +163,14 @@ def _sys_snapshot() -> dict[str, float]:
                 delay = int(f.read().split()[1]) / 1e9
         except (OSError, ValueError, IndexError):
             continue
-        name = names.get(int(tid))
+        tname = names.get(int(tid))
         kind = (
             "main"
             if int(tid) == main
             else "lmcache"
-            if name and name.startswith("lmcache")
+            if tname and tname.startswith("lmcache")
             else "python"
-            if name
+            if tname
             else "native"
         )
         out[f"rq:{kind}"] = out.get(f"rq:{kind}", 0.0) + delay
@@ -620,7 +620,8 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
         arms.append("onidle")
     # Arm 'onub' (--miss-unbatched-arm): the connector on with its lower tiers' background
     # stores one put per chunk (write queues' max_batch 1), as before batched stores.
-    writers = [t.writer for t in worker._worker.storage.hierarchy.tiers[1:]]
+    hierarchy = worker._worker.storage.hierarchy  # type: ignore[attr-defined]
+    writers = [t.writer for t in hierarchy.tiers[1:]]
     batch_sizes = [getattr(w, "max_batch", 1) for w in writers]  # (older versions: none)
     if spec.get("unbatched_arm"):
         arms.append("onub")
@@ -628,7 +629,7 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
     # (the backend's ``fsync: false``: no fdatasync of objects, no directory fsyncs).
     disks = [
         t.backend
-        for t in worker._worker.storage.hierarchy.tiers
+        for t in hierarchy.tiers
         if hasattr(t.backend, "opts") and hasattr(getattr(t.backend, "opts", None), "fsync")
     ]
     disk_opts = [(d, d.opts, d.io.durable) for d in disks]
@@ -637,7 +638,7 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
         arms.append("onnosync")
     # Arm 'oncpu' (--miss-cpuonly-arm): the connector on with its lower tiers' write policy
     # set to 'none' (no write-through at all: stores go to the cpu tier only).
-    lower = list(worker._worker.storage.hierarchy.tiers[1:])
+    lower = list(hierarchy.tiers[1:])
     policies = [t.policy for t in lower]
     if spec.get("cpuonly_arm"):
         arms.append("oncpu")
@@ -713,7 +714,7 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
                 done = time.perf_counter() - t0
                 sys1 = _sys_snapshot() if sys0 is not None else None
                 saved = done + _wait_saves()
-                row = {
+                row: dict[str, Any] = {
                     "first": first,
                     "saved": saved,
                     "hooks": timer.seconds - hook0,
