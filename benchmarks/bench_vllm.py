@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -133,6 +134,72 @@ def _child_hit(spec: dict[str, Any]) -> dict[str, Any]:
                     by_hook[what].append({k: v - b0.get(k, 0.0) for k, v in timer.by_hook.items()})
     llm.llm_engine.engine_core.shutdown()
     return {**rows, "hooks": hooks, "by_hook": by_hook} if timer is not None else rows
+
+
+_STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def _sys_snapshot() -> dict[str, float]:
+    """Where every core's time went so far, in seconds (``--miss-sys-split``): the
+    machine's ``/proc/stat`` counters (all CPUs: user, system, idle, iowait, ...), this
+    process's CPU (``/proc/self/stat``), kernel threads' CPU by kind (``kthread:jbd2``,
+    ``kthread:kworker``, ``kthread:ksoftirqd``, ``kthread:other``; ``/proc/<pid>/stat``
+    utime + stime of every process flagged ``PF_KTHREAD``) and every other process's
+    (``others``). Clock ticks, so 10 ms resolution per counter."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = f.readline().split()[1:]
+    for name, v in zip(_STAT_FIELDS, fields, strict=False):
+        out[f"cpu:{name}"] = int(v) / tick
+    # run-queue delay (runnable, not running) of this process's threads, by kind
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    main = threading.main_thread().native_id
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as f:
+                delay = int(f.read().split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
+        tname = names.get(int(tid))
+        kind = (
+            "main"
+            if int(tid) == main
+            else "lmcache"
+            if tname and tname.startswith("lmcache")
+            else "python"
+            if tname
+            else "native"
+        )
+        out[f"rq:{kind}"] = out.get(f"rq:{kind}", 0.0) + delay
+    me = os.getpid()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+        rest = raw[raw.rindex(")") + 2 :].split()
+        flags, utime, stime = int(rest[6]), int(rest[11]), int(rest[12])
+        secs = (utime + stime) / tick
+        if int(pid) == me:
+            key = "self"
+        elif flags & 0x00200000:  # PF_KTHREAD
+            kind = comm.split("/")[0]
+            key = f"kthread:{kind}" if kind in ("jbd2", "kworker", "ksoftirqd") else "kthread:other"
+        else:
+            key = "others"
+        out[key] = out.get(key, 0.0) + secs
+    return out
+
+
+def _sys_delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    return {k: b.get(k, 0.0) - a.get(k, 0.0) for k in set(a) | set(b)}
 
 
 def _drop_page_cache(root: str) -> int:
@@ -553,10 +620,28 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
         arms.append("onidle")
     # Arm 'onub' (--miss-unbatched-arm): the connector on with its lower tiers' background
     # stores one put per chunk (write queues' max_batch 1), as before batched stores.
-    writers = [t.writer for t in worker._worker.storage.hierarchy.tiers[1:]]
+    hierarchy = worker._worker.storage.hierarchy  # type: ignore[attr-defined]
+    writers = [t.writer for t in hierarchy.tiers[1:]]
     batch_sizes = [getattr(w, "max_batch", 1) for w in writers]  # (older versions: none)
     if spec.get("unbatched_arm"):
         arms.append("onub")
+    # Arm 'onnosync' (--miss-nosync-arm): the connector on with its disk tier's flushes off
+    # (the backend's ``fsync: false``: no fdatasync of objects, no directory fsyncs).
+    disks = [
+        t.backend
+        for t in hierarchy.tiers
+        if hasattr(t.backend, "opts") and hasattr(getattr(t.backend, "opts", None), "fsync")
+    ]
+    disk_opts = [(d, d.opts, d.io.durable) for d in disks]
+    if spec.get("nosync_arm"):
+        assert disks, "no disk tier with an fsync option"
+        arms.append("onnosync")
+    # Arm 'oncpu' (--miss-cpuonly-arm): the connector on with its lower tiers' write policy
+    # set to 'none' (no write-through at all: stores go to the cpu tier only).
+    lower = list(hierarchy.tiers[1:])
+    policies = [t.policy for t in lower]
+    if spec.get("cpuonly_arm"):
+        arms.append("oncpu")
     saves = worker._worker.saves
     real_submit = saves.submit
     submits: dict[str, Any] = {}  # arm -> what the worker's saves.submit is in it
@@ -581,6 +666,8 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
         "plan": 125,
         "gather": 375,
         "onub": 625,
+        "onnosync": 937,
+        "oncpu": 62,
     }
     t_start = time.monotonic()
     rounds = 0
@@ -597,6 +684,12 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
                 saves.submit = submits.get(arm, real_submit)
                 for w, n in zip(writers, batch_sizes, strict=True):
                     w.max_batch = 1 if arm == "onub" else n
+                for t, pol in zip(lower, policies, strict=True):
+                    t.policy = "none" if arm == "oncpu" else pol
+                for d, o, durable in disk_opts:
+                    nosync = arm == "onnosync"
+                    d.opts = dataclasses.replace(o, fsync=False) if nosync else o
+                    d.io.durable = False if nosync else durable
                 for t, n in nices.items():
                     os.setpriority(os.PRIO_PROCESS, t, base_nice if arm == "on0" else n)
                 if "onidle" in arms:
@@ -604,6 +697,7 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
                 time.sleep(0.3)  # let the connector's threads go idle
                 seed = 1000 * rep + seeds[arm] + (7 if what == "batch" else 11 * sub)
                 hook0, cpu0 = timer.seconds, timer.other_threads_cpu()
+                sys0 = _sys_snapshot() if spec.get("sys_split") and what == "batch" else None
                 t0 = time.perf_counter()
                 if what == "ttft":
                     (p,) = _prompts(spec, 1, spec["tokens"], seed)
@@ -618,20 +712,32 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
                     assert all(o.num_cached_tokens == 0 for o in outs)
                     first = time.perf_counter() - t0
                 done = time.perf_counter() - t0
+                sys1 = _sys_snapshot() if sys0 is not None else None
                 saved = done + _wait_saves()
-                out[what][arm].append(
-                    {
-                        "first": first,
-                        "saved": saved,
-                        "hooks": timer.seconds - hook0,
-                        "threads_cpu": timer.other_threads_cpu() - cpu0,
-                    }
-                )
+                row: dict[str, Any] = {
+                    "first": first,
+                    "saved": saved,
+                    "hooks": timer.seconds - hook0,
+                    "threads_cpu": timer.other_threads_cpu() - cpu0,
+                }
+                if sys0 is not None and sys1 is not None:
+                    row["sys"] = _sys_delta(sys0, sys1)  # t0 -> the outputs
+                    row["sys_wall"] = done
+                out[what][arm].append(row)
         rounds += 1
     switch.set(True)
     out["rounds"] = rounds
     out["copy_nice"] = sorted(set(nices.values()))
     out["stats"] = worker._worker.stats()
+    import lmcache_core
+
+    out["code"] = [lmcache_core.__file__]
+    try:
+        import lmcache_backend_disk
+
+        out["code"].append(lmcache_backend_disk.__file__)
+    except ImportError:
+        pass
     llm.llm_engine.engine_core.shutdown()
     return out
 
@@ -1104,6 +1210,9 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         "split_arms": args.miss_split_arms,
         "unbatched_arm": args.miss_unbatched_arm,
         "warm_batches": args.miss_warm_batches,
+        "sys_split": args.miss_sys_split,
+        "nosync_arm": args.miss_nosync_arm,
+        "cpuonly_arm": args.miss_cpuonly_arm,
     }
     res = _run_child("toggle", spec, tmp, in_process=True)
     print(
@@ -1117,6 +1226,7 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         f"{args.batch_tokens}-token prompts (8 output tokens each). Saves included: each "
         "measurement ends once its saves are in every tier"
     )
+    print(f"  code: {', '.join(res.get('code', []))}")
     if args.json:
         Path(args.json).write_text(json.dumps(res))
     st = res.get("stats") or {}
@@ -1164,7 +1274,7 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
             print(f"    onidle / on, paired: {paired(oi, on)}")
             sd = [m["saved"] - m["first"] for m in rows["onidle"]]
             print(f"    onidle: saves done {statistics.median(sd) * 1e3:.0f} ms after the outputs")
-        for arm in [a for a in ("plan", "gather", "onub") if a in rows]:
+        for arm in [a for a in ("plan", "gather", "onub", "onnosync", "oncpu") if a in rows]:
             xs = [m["first"] for m in rows[arm]]
             print(
                 f"    {arm} median {statistics.median(xs) * scale:.1f} {unit}; {arm} / off, per "
@@ -1174,7 +1284,9 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         print(f"    on until its saves are in every tier / off: {_ci_text(durable, seed=2)}")
         # Where the connector's time goes, as fractions of the off arm's wall time.
         for arm in [
-            a for a in ("on", "on0", "onidle", "plan", "gather", "onub", "off") if a in rows
+            a
+            for a in ("on", "on0", "onidle", "plan", "gather", "onub", "onnosync", "oncpu", "off")
+            if a in rows
         ]:
             hooks = statistics.median(m["hooks"] for m in rows[arm])
             thr = statistics.median(m["threads_cpu"] for m in rows[arm])
@@ -1184,6 +1296,44 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
                 f"({100 * hooks / ref:.1f}%), other Python threads' CPU {thr * 1e3:.1f} ms "
                 f"({100 * thr / ref:.1f}%) (medians, % of the off arm's median)"
             )
+        if what == "batch" and any("sys" in m for m in rows["on"]):
+            _print_sys_split(rows)
+
+
+def _print_sys_split(rows: dict[str, list[dict[str, Any]]]) -> None:
+    """``--miss-sys-split``: per arm, medians per batch (t0 -> the outputs) of where the
+    machine's core time went, and on - off of each (paired by round)."""
+    keys = [f"cpu:{k}" for k in _STAT_FIELDS] + [
+        "self",
+        "kthread:jbd2",
+        "kthread:kworker",
+        "kthread:ksoftirqd",
+        "kthread:other",
+        "others",
+        "rq:main",
+        "rq:native",
+        "rq:lmcache",
+        "rq:python",
+    ]
+    arms = [a for a in rows if rows[a] and "sys" in rows[a][0]]
+    print("    core time per batch (ms, medians; t0 -> outputs; /proc/stat is machine-wide):")
+    print(f"      {'':<18}" + "".join(f"{a:>10}" for a in arms) + "   on-off (median of pairs)")
+    for k in ["wall x cpus", *keys]:
+        vals = []
+        for a in arms:
+            if k == "wall x cpus":
+                xs = [m["sys_wall"] * (os.cpu_count() or 1) for m in rows[a]]
+            else:
+                xs = [m["sys"].get(k, 0.0) for m in rows[a]]
+            vals.append(xs)
+        meds = [statistics.median(x) * 1e3 for x in vals]
+        diff = ""
+        if "on" in arms and "off" in arms:
+            xs_on, xs_off = vals[arms.index("on")], vals[arms.index("off")]
+            diff = (
+                f"{statistics.median(a - b for a, b in zip(xs_on, xs_off, strict=True)) * 1e3:+.0f}"
+            )
+        print(f"      {k:<18}" + "".join(f"{m:>10.0f}" for m in meds) + f"   {diff:>8}")
 
 
 def scenario_miss_engines(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> None:
@@ -1366,6 +1516,25 @@ def main() -> int:
         action="store_true",
         help="miss (toggle): also the arms 'plan' (connector on, the worker gathers and "
         "stores nothing) and 'gather' (it gathers into one reused buffer, stores nothing)",
+    )
+    ap.add_argument(
+        "--miss-sys-split",
+        action="store_true",
+        help="miss (toggle): per batch, where the machine's core time went (/proc/stat: "
+        "user, system, idle, iowait, softirq; this process, kernel threads by kind "
+        "(jbd2, kworker, ksoftirqd), other processes), printed per arm",
+    )
+    ap.add_argument(
+        "--miss-nosync-arm",
+        action="store_true",
+        help="miss (toggle): arm 'onnosync': the connector on with the disk tier's flushes "
+        "off (fsync: false), paired with 'on' in the same process",
+    )
+    ap.add_argument(
+        "--miss-cpuonly-arm",
+        action="store_true",
+        help="miss (toggle): arm 'oncpu': the connector on with no write-through to its "
+        "lower tiers (their write policy 'none'), paired with 'on' in the same process",
     )
     ap.add_argument(
         "--miss-unbatched-arm",
