@@ -609,8 +609,16 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
         llm.generate([TokensPrompt(prompt_token_ids=p) for p in warm], warm_sp, use_tqdm=False)
         _wait_saves()
     copy_tids = _copy_threads(worker)
-    nices = {t: os.getpriority(os.PRIO_PROCESS, t) for t in copy_tids}
     base_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    nices = {t: os.getpriority(os.PRIO_PROCESS, t) for t in copy_tids}
+    if spec.get("nice") is not None:
+        # (--miss-nice: the disk tier's pool threads too, as niced as the copy threads)
+        import threading
+
+        for th in threading.enumerate():
+            tid = th.native_id
+            if tid is not None and th.name.startswith("lmcache-disk") and tid not in nices:
+                nices[tid] = os.getpriority(os.PRIO_PROCESS, tid)
     sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     rng = random.Random(3)
     arms = ["on", "off", "off2"]
@@ -1183,7 +1191,10 @@ def _miss_storage(args: argparse.Namespace, tmp: Path, name: str) -> dict[str, A
         {"name": "cpu", "backend": "cpu", "options": {"max_bytes": args.miss_cpu_bytes}}
     ]
     if args.miss_tiers == "cpu+disk":
-        tiers.append({"name": "disk", "backend": "disk", "options": {"path": str(tmp / name)}})
+        disk: dict[str, Any] = {"path": str(tmp / name)}
+        if args.miss_nice is not None:
+            disk["io_nice"] = args.miss_nice
+        tiers.append({"name": "disk", "backend": "disk", "options": disk})
     return {"chunk_size": args.chunk_size, "tiers": tiers}
 
 
@@ -1198,7 +1209,9 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         "ktc": _ktc(
             _miss_storage(args, tmp, "kv-miss"),
             tmp / "stats-miss" if args.miss_stats_file else None,
+            **({} if args.miss_nice is None else {"copy_nice": args.miss_nice}),
         ),
+        "nice": args.miss_nice,
         "tokens": args.miss_tokens,
         "batch_tokens": args.batch_tokens,
         "reps": args.miss_reps,
@@ -1504,6 +1517,14 @@ def main() -> int:
         default=0,
         help="miss (toggle): unrecorded 20-prompt batches with the connector on before the "
         "rounds (about 13 fill a 2 GiB cpu tier: steady state, evicted buffers recycled)",
+    )
+    ap.add_argument(
+        "--miss-nice",
+        type=int,
+        default=None,
+        help="miss (toggle): the connector's copy threads (copy_nice) and the disk tier's "
+        "pool threads (io_nice) this much nicer than vLLM (default: the defaults, 0); with "
+        "--miss-on0 the arm 'on0' runs both at vLLM's priority",
     )
     ap.add_argument(
         "--miss-on0",
