@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from lmcache_core.hierarchy.staging import StagingPool
+from lmcache_core.hierarchy.staging import CopyBudget, StagingPool
 from lmcache_core.hierarchy.tiered import TieredHierarchy
 from lmcache_core.memory import populated_empty
 from lmcache_core.testing import make_key, random_tensor
@@ -252,3 +252,35 @@ def test_chunk_buffers_fill_ahead_with_page_aligned_memory_that_take_reuses() ->
     assert bufs.in_use == 0
     small = ChunkBuffers((4, 8), torch.float16, max_buffers=2)  # small: plain tensors
     assert small.fill(1) == 1 and small.take() is not None and small.in_use == 1
+
+
+def test_spares_on_the_copy_thread_stop_with_it() -> None:
+    before = {t.ident for t in threading.enumerate()}  # (other tests' threads: not ours)
+
+    def ours_alive() -> bool:
+        return any(
+            t.name.startswith(("lmcache-staging", "lmcache-prefault")) and t.ident not in before
+            for t in threading.enumerate()
+        )
+
+    budget = CopyBudget()
+    pool = StagingPool(spare_bytes=2 * MiB, background=budget.submit)
+    pool.take(MiB)
+    assert _wait(lambda: pool.prefaulted == 2)
+    assert not any(  # no thread of its own
+        t.name.startswith("lmcache-prefault") and t.ident not in before
+        for t in threading.enumerate()
+    )
+    budget.close()
+    pool.take(MiB)
+    pool.take(MiB)  # short again: the top-up cannot be queued, nothing raises
+    time.sleep(0.05)
+    assert pool.prefaulted == 2
+    assert _wait(lambda: not ours_alive())
+    # a large copy asked for after close runs on the caller's thread
+    src = torch.randint(0, 256, (2 * MiB,), dtype=torch.uint8)
+    dst = torch.zeros(2 * MiB, dtype=torch.uint8)
+    asyncio.run(budget.copy(dst, src))
+    assert torch.equal(dst, src)
+    assert budget._executor is None  # and no thread was started for it
+    pool.close()

@@ -307,13 +307,16 @@ class CopyBudget:
 
     def close(self) -> None:
         """Stop the copy thread (after the copies already submitted)."""
-        self._closed = True
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
-            self._executor = None
+        with self._lock:
+            self._closed = True
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False)
 
     def _thread(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:  # (submit may come from any thread)
+            if self._closed:  # (checked under the lock: no thread started after close)
+                raise RuntimeError("copy thread closed")
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(
                     1, thread_name_prefix="lmcache-staging"
@@ -324,8 +327,6 @@ class CopyBudget:
         """Run ``fn`` on the copy thread after what was submitted before it (the staging
         pool's top-up: :class:`StagingPool` ``background``). Raises ``RuntimeError`` once
         closed. Any thread may call it."""
-        if self._closed:
-            raise RuntimeError("copy thread closed")
         self._thread().submit(fn)
 
     def _reset(self) -> None:
@@ -335,7 +336,12 @@ class CopyBudget:
     async def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         n = dst.numel() * dst.element_size()
         if n > self.thread_bytes:
-            await asyncio.get_running_loop().run_in_executor(self._thread(), copy_into, dst, src)
+            try:
+                thread = self._thread()
+            except RuntimeError:  # closed: a copy still asked for runs here
+                copy_into(dst, src)
+                return
+            await asyncio.get_running_loop().run_in_executor(thread, copy_into, dst, src)
             return
         while self._used and self._used + n > self.yield_every_bytes:
             await asyncio.sleep(0)
