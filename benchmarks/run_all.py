@@ -33,6 +33,8 @@ SMALL: dict[str, list[str]] = {
     "bench_gds": ["--sizes", "4", "--total-mib", "64", "--repeats", "1"],
     "bench_hierarchy": ["--rounds", "3", "--iters", "50"],
     "bench_load_copy": ["--chunks", "2", "--rounds", "2", "--block", "1"],
+    "bench_loop_stall": ["--seconds", "0.5", "wt", "disk"],
+    "bench_nice_gil": ["--burners", "1", "--nice", "0", "10", "--seconds", "0.5", "--rounds", "1"],
     "bench_placement": ["--chunks", "20000", "--rounds", "3"],
     "bench_save_copy": ["--chunks", "4", "--rounds", "2", "--layers", "2"],
     "bench_s3": ["--reps", "1", "--sizes", "4", "--concurrency", "1,4"],
