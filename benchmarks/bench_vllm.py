@@ -650,6 +650,13 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
     policies = [t.policy for t in lower]
     if spec.get("cpuonly_arm"):
         arms.append("oncpu")
+    # Arm 'onnowait' (--miss-nowait-arm): the connector on, its scheduler's first poll of
+    # a running shared-tier lookup answering "not yet" at once (first_wait_s 0, as before).
+    lookups = getattr(getattr(sched, "_scheduler", None), "lookups", None)
+    first_wait = getattr(lookups, "first_wait_s", None)
+    if spec.get("nowait_arm"):
+        assert first_wait is not None, "no first-poll wait in this version"
+        arms.append("onnowait")
     saves = worker._worker.saves
     real_submit = saves.submit
     submits: dict[str, Any] = {}  # arm -> what the worker's saves.submit is in it
@@ -676,6 +683,7 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
         "onub": 625,
         "onnosync": 937,
         "oncpu": 62,
+        "onnowait": 312,
     }
     t_start = time.monotonic()
     rounds = 0
@@ -694,6 +702,8 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
                     w.max_batch = 1 if arm == "onub" else n
                 for t, pol in zip(lower, policies, strict=True):
                     t.policy = "none" if arm == "oncpu" else pol
+                if first_wait is not None:
+                    lookups.first_wait_s = 0.0 if arm == "onnowait" else first_wait
                 for d, o, durable in disk_opts:
                     nosync = arm == "onnosync"
                     d.opts = dataclasses.replace(o, fsync=False) if nosync else o
@@ -1226,6 +1236,7 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         "sys_split": args.miss_sys_split,
         "nosync_arm": args.miss_nosync_arm,
         "cpuonly_arm": args.miss_cpuonly_arm,
+        "nowait_arm": args.miss_nowait_arm,
     }
     res = _run_child("toggle", spec, tmp, in_process=True)
     print(
@@ -1287,7 +1298,9 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
             print(f"    onidle / on, paired: {paired(oi, on)}")
             sd = [m["saved"] - m["first"] for m in rows["onidle"]]
             print(f"    onidle: saves done {statistics.median(sd) * 1e3:.0f} ms after the outputs")
-        for arm in [a for a in ("plan", "gather", "onub", "onnosync", "oncpu") if a in rows]:
+        for arm in [
+            a for a in ("plan", "gather", "onub", "onnosync", "oncpu", "onnowait") if a in rows
+        ]:
             xs = [m["first"] for m in rows[arm]]
             print(
                 f"    {arm} median {statistics.median(xs) * scale:.1f} {unit}; {arm} / off, per "
@@ -1298,7 +1311,18 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         # Where the connector's time goes, as fractions of the off arm's wall time.
         for arm in [
             a
-            for a in ("on", "on0", "onidle", "plan", "gather", "onub", "onnosync", "oncpu", "off")
+            for a in (
+                "on",
+                "on0",
+                "onidle",
+                "plan",
+                "gather",
+                "onub",
+                "onnosync",
+                "oncpu",
+                "onnowait",
+                "off",
+            )
             if a in rows
         ]:
             hooks = statistics.median(m["hooks"] for m in rows[arm])
@@ -1525,6 +1549,12 @@ def main() -> int:
         help="miss (toggle): the connector's copy threads (copy_nice) and the disk tier's "
         "pool threads (io_nice) this much nicer than vLLM (default: the defaults, 0); with "
         "--miss-on0 the arm 'on0' runs both at vLLM's priority",
+    )
+    ap.add_argument(
+        "--miss-nowait-arm",
+        action="store_true",
+        help="miss (toggle): arm 'onnowait': the connector on with its scheduler's first poll "
+        "of a running shared-tier lookup not waiting for it (first_wait_s 0)",
     )
     ap.add_argument(
         "--miss-on0",

