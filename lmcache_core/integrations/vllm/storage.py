@@ -18,7 +18,6 @@ import atexit
 import concurrent.futures
 import dataclasses
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
@@ -27,6 +26,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ...blob import lower_thread_priority
 from ...config import CacheConfig, load_config
 from ...hierarchy.tiered import PrefixLookup, Reservation, TieredHierarchy
 from ...keys import CacheEngineKey, Namespace
@@ -44,20 +44,6 @@ __all__ = [
 log = logging.getLogger("vllm.lmcache_core.storage")
 #: Name prefix of the worker storage's copy threads (see ``Storage(copy_nice=...)``).
 COPY_THREAD_PREFIX = "lmcache-copy"
-
-
-def lower_thread_priority(increment: int) -> None:
-    """Make the calling thread nicer by ``increment`` (at most 19; Linux: per thread).
-    Does nothing where not supported."""
-    if increment <= 0:
-        return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(
-            os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment)
-        )
-    except (OSError, AttributeError):
-        pass
 
 
 T = TypeVar("T")
