@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import multiprocessing
@@ -27,12 +28,27 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 
 def burn() -> None:  # pragma: no cover - runs in a child process
     while True:
         pass
+
+
+@contextlib.contextmanager
+def burners(n: int) -> Iterator[None]:
+    """``n`` busy-loop processes (outside CPU load) for the duration of the block."""
+    procs = [multiprocessing.Process(target=burn, daemon=True) for _ in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.join()
 
 
 def make_backend(kind: str, tmp: str, nice: int | None) -> Any:
@@ -163,10 +179,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(asyncio.run(one(args.kinds[0], args.seconds, nices[0]))))
         return
-    procs = [multiprocessing.Process(target=burn, daemon=True) for _ in range(args.burners)]
-    for p in procs:
-        p.start()
-    try:
+    with burners(args.burners):
         for r in range(args.reps):
             for kind in args.kinds:
                 for nice in nices:
@@ -179,10 +192,6 @@ def main() -> None:
                         f"nice {nice}: {line[0]}",
                         flush=True,
                     )
-    finally:
-        for p in procs:
-            p.kill()
-            p.join()
 
 
 if __name__ == "__main__":

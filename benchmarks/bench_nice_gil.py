@@ -18,16 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
-import multiprocessing
 import os
 import statistics
 import threading
 import time
 
-
-def burn() -> None:  # pragma: no cover - runs in a child process
-    while True:
-        pass
+from bench_loop_stall import burners  # (no lmcache code: its imports are lazy)
 
 
 def worker(nice: int, mib: int, stop: threading.Event) -> None:
@@ -73,10 +69,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0, help="per measurement")
     ap.add_argument("--rounds", type=int, default=3, help="rounds over the nicenesses")
     args = ap.parse_args()
-    procs = [multiprocessing.Process(target=burn, daemon=True) for _ in range(args.burners)]
-    for p in procs:
-        p.start()
-    try:
+    with burners(args.burners):
         for r in range(args.rounds):
             for nice in args.nice:
                 lags = sorted(measure(nice, args.mib, args.seconds))
@@ -87,10 +80,6 @@ def main() -> None:
                     f"max {lags[-1] * 1e3:7.1f} ms",
                     flush=True,
                 )
-    finally:
-        for p in procs:
-            p.kill()
-            p.join()
 
 
 if __name__ == "__main__":
