@@ -201,9 +201,7 @@ def hindsight_bound(trace: Sequence[Request], cfg: SimConfig) -> float:
             count[key] = count.get(key, 0) + 1
             secs[key] = cfg.cost.chunk_seconds(info.start_token, info.tokens)
             size[key] = info.nbytes
-    ranked = sorted(
-        ((count[k] - 1) * secs[k], size[k]) for k in count if count[k] > 1
-    )
+    ranked = sorted(((count[k] - 1) * secs[k], size[k]) for k in count if count[k] > 1)
     room, total = float(cfg.capacity_bytes), 0.0
     for value, nbytes in reversed(ranked):
         take = min(1.0, room / nbytes)
@@ -255,7 +253,9 @@ def main() -> None:
             cells = " | ".join(
                 f"±{100 * g[c]:.1f}%" if c == "sd" else f"{100 * g[c]:+.1f}%" for c in cols
             )
-            print(f"| {args.family} | {frac:.0%} | {seed} | {g['best']:.1f} | {cells} |", flush=True)
+            print(
+                f"| {args.family} | {frac:.0%} | {seed} | {g['best']:.1f} | {cells} |", flush=True
+            )
 
 
 if __name__ == "__main__":
