@@ -133,7 +133,12 @@ class StorageBackend(Protocol):
     """
 
     name: str
-    capabilities: Capabilities
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the backend declares about itself (read-only: a class attribute or an
+        instance attribute both satisfy it)."""
+        ...
 
     async def start(self) -> None:
         """Open resources (idempotent; the only place for set-up I/O)."""
