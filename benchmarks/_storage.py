@@ -133,7 +133,7 @@ def aligned_bytes(nbytes: int) -> memoryview:
 
     buf = aligned_empty((nbytes,), torch.uint8)
     buf.fill_(0)  # fault the pages in, like the contenders' reused buffers
-    return memoryview(buf.numpy()).cast("B")
+    return memoryview(buf.numpy().data).cast("B")
 
 
 def _segments(sizes: Sequence[int], request: int) -> list[tuple[int, int, int]]:

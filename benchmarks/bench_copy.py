@@ -59,7 +59,7 @@ def _busy(stop_at: float) -> None:
 def start_load(seconds: float) -> list[mp.process.BaseProcess]:
     """One busy process per core; returns them (terminate when done)."""
     ctx = mp.get_context("spawn")
-    procs = [
+    procs: list[mp.process.BaseProcess] = [
         ctx.Process(target=_busy, args=(time.time() + seconds,), daemon=True)
         for _ in range(os.cpu_count() or 1)
     ]

@@ -44,6 +44,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +152,9 @@ class _Size:
 
     def describe(self) -> str:
         """The tier's settings, for the report."""
-        return f"disk concurrency={self.backend.opts.concurrency}"
+        b = self.backend
+        assert isinstance(b, DiskBackend)
+        return f"disk concurrency={b.opts.concurrency}"
 
     def close(self) -> None:
         self.loop.run_until_complete(self.backend.close())
@@ -179,7 +182,7 @@ class _Size:
             raw_paths[v] = raw_write(d, names, self.raw_src, self._qd(v), publish=True)
 
         steps: list[tuple[str, Callable[[], Any]]] = [
-            (f"put raw {v}", lambda v=v: put_raw(v)) for v in self.raw
+            (f"put raw {v}", partial(put_raw, v)) for v in self.raw
         ]
         steps += [
             ("put disk", lambda: loop.run_until_complete(
@@ -191,11 +194,15 @@ class _Size:
             self.make_dirs(keys3)
             steps.append(("put steady", lambda: loop.run_until_complete(
                 backend_put(b, keys3, self.values, args.batch))))  # fmt: skip
+
+        def raw_read_of(v: str) -> Any:
+            return raw_read(raw_paths[v], self.raw_dst, self._qd(v))
+
         gets: list[tuple[str, Callable[[], Any], Callable[[], list[str]]]] = [
             (
                 f"get raw {v}",
-                lambda v=v: raw_read(raw_paths[v], self.raw_dst, self._qd(v)),
-                lambda v=v: raw_paths[v],
+                partial(raw_read_of, v),
+                partial(raw_paths.__getitem__, v),
             )
             for v in self.raw
         ]

@@ -51,6 +51,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -358,8 +359,8 @@ def bench_token_db(reps: int) -> list[dict[str, Any]]:
     rows = []
     for kind, tokens in inputs.items():
         fns: dict[str, Callable[[], object]] = {
-            "ours A": lambda t=tokens: list(ours.process_tokens(t)),
-            "ours B": lambda t=tokens: list(ours.process_tokens(t)),
+            "ours A": partial(_listed, ours.process_tokens, tokens),
+            "ours B": partial(_listed, ours.process_tokens, tokens),
         }
         try:
             got = list(theirs.process_tokens(tokens=tokens))
@@ -367,8 +368,8 @@ def bench_token_db(reps: int) -> list[dict[str, Any]]:
         except Exception:
             accepted = False
         if accepted:
-            fns["LMCache A"] = lambda t=tokens: list(theirs.process_tokens(tokens=t))
-            fns["LMCache B"] = lambda t=tokens: list(theirs.process_tokens(tokens=t))
+            fns["LMCache A"] = partial(_listed, theirs.process_tokens, tokens=tokens)
+            fns["LMCache B"] = partial(_listed, theirs.process_tokens, tokens=tokens)
         s = interleaved_samples(fns, rounds=reps, block=3)
         mtok = TOKENS / 1e6
         o = figure(s, "ours", mtok)
@@ -395,12 +396,18 @@ def _timed_in_thread(fns: dict[str, Callable[[], object]], reps: int, block: int
     return box[0]
 
 
+def _listed(fn: Callable[..., Any], *a: Any, **kw: Any) -> list[Any]:
+    """``list(fn(*a, **kw))``: a token database's chunks, all made."""
+    return list(fn(*a, **kw))
+
+
 def bench_cpu(reps: int) -> list[dict[str, Any]]:
     from lmcache_core import CacheEngineKey, CPUBackend, SyncBackend, TieredHierarchy
 
     shape, nbytes, cap = SHAPES[4], 4 * MiB, 64
     value = torch.randint(0, 256, (nbytes,), dtype=torch.uint8).view(BF16).view(shape)
-    ours = SyncBackend(CPUBackend({"max_bytes": cap * nbytes}))
+    cpu = CPUBackend({"max_bytes": cap * nbytes})
+    ours = SyncBackend(cpu)
     ours.start()
     peer = Peer(cap * nbytes / 2**30 + 0.01)
     okeys = [CacheEngineKey("peer", 1, 0, i + 1, "bfloat16") for i in range(cap)]
@@ -433,7 +440,7 @@ def bench_cpu(reps: int) -> list[dict[str, Any]]:
         )
     )
     # what is stored now: the last `cap` keys of each (same order, same values)
-    okeys = list(ours.backend.keys())
+    okeys = list(cpu.keys())
     pkeys = list(peer.cpu.get_keys())
     assert len(okeys) >= 32 and len(pkeys) >= 32
     out_o, out_p = torch.empty(shape, dtype=BF16), torch.empty(shape, dtype=BF16)
@@ -689,18 +696,20 @@ class DiskSize:
         pkeys = [Peer.key(base + i) for i in range(self.n)]
         names = [f"r{r}-{i}" for i in range(self.n)]
         raw_paths: dict[str, list[str]] = {}
+
+        def put_raw(v: str, qd: int, req: int) -> None:
+            d = os.path.join(self.work, f"raw-{v}")
+            raw_paths[v] = raw_write(d, names, self.raw_src, qd, req)
+
+        def read_raw(v: str, qd: int, req: int) -> None:
+            raw_read(raw_paths[v], self.raw_dst, qd, req)
+
         puts: list[tuple[str, Callable[[], object]]] = [
-            (
-                f"raw put {v}",
-                lambda v=v, qd=qd, req=req: raw_paths.__setitem__(
-                    v, raw_write(os.path.join(self.work, f"raw-{v}"), names, self.raw_src, qd, req)
-                ),
-            )
-            for v, qd, req in self.raw_variants
+            (f"raw put {v}", partial(put_raw, v, qd, req)) for v, qd, req in self.raw_variants
         ]
         puts.append(("ours put", lambda: self._ours_put(okeys)))
         for pname, peer in self.peers.items():
-            puts.append((f"{pname} put", lambda p=peer: p.disk_put_durable(pkeys, self.values)))
+            puts.append((f"{pname} put", partial(peer.disk_put_durable, pkeys, self.values)))
         k = r % len(puts)
         for name, fn in puts[k:] + puts[:k]:
             self._time(name, fn)
@@ -708,8 +717,8 @@ class DiskSize:
         reads = [
             (
                 f"raw read {v}",
-                lambda v=v, qd=qd, req=req: raw_read(raw_paths[v], self.raw_dst, qd, req),
-                lambda v=v: raw_paths[v],
+                partial(read_raw, v, qd, req),
+                partial(raw_paths.__getitem__, v),
                 self._check_raw,
             )
             for v, qd, req in self.raw_variants
@@ -718,9 +727,9 @@ class DiskSize:
             reads.append(
                 (
                     f"ours read {kind}",
-                    lambda o=outs: self._ours_read(okeys, o),
+                    partial(self._ours_read, okeys, outs),
                     self._object_files,
-                    lambda o=outs, kind=kind: self._check(o, f"ours {kind}"),
+                    partial(self._check, outs, f"ours {kind}"),
                 )
             )
         for pname, peer in self.peers.items():
@@ -728,9 +737,9 @@ class DiskSize:
             reads.append(
                 (
                     f"{pname} read",
-                    lambda p=peer, o=outs: p.disk_read_into(pkeys, o),
-                    lambda p=peer: p.disk_paths(pkeys),
-                    lambda o=outs, n=pname: self._check(o, n),
+                    partial(peer.disk_read_into, pkeys, outs),
+                    partial(peer.disk_paths, pkeys),
+                    partial(self._check, outs, pname),
                 )
             )
         k = r % len(reads)

@@ -249,12 +249,14 @@ def cost_policy_from_file(name: str, path: str) -> Any:
     print(f"policy {name}: CostAwarePolicy from {mod.__file__}")
 
     def make(ctx: Any) -> PlacementPolicy:
-        real = wiring.CostAwarePolicy
-        wiring.CostAwarePolicy = mod.CostAwarePolicy  # type: ignore[misc]
+        # ``cost_policy`` builds the class its module names: swap that name for the call
+        names = vars(wiring)
+        real = names["CostAwarePolicy"]
+        names["CostAwarePolicy"] = mod.CostAwarePolicy
         try:
             return wiring.cost_policy(ctx)
         finally:
-            wiring.CostAwarePolicy = real  # type: ignore[misc]
+            names["CostAwarePolicy"] = real
 
     return make
 

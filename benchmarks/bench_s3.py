@@ -241,7 +241,7 @@ def bench_s3fs(s3: LocalS3, size: int, conc: int, reps: int) -> dict[str, Any]:
         loop.run_until_complete(bounded([fs._cat_file(f"{base}/{i}") for i in range(n)]))
 
     raw = Raw(s3, conc, f"s3fs-raw-{size // MiB}m-c{conc}")
-    runners = {
+    runners: dict[str, dict[str, Callable[[], None]]] = {
         "boto3": {"put": lambda: raw.put(blobs), "get": lambda: raw.get(n)},
         "s3fs": {"put": fs_put, "get": fs_get},
     }

@@ -58,7 +58,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:  # imports vLLM: loaded by the processes that run engines only
+    from lmcache_core.integrations.vllm.worker_side import WorkerSide
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
@@ -255,7 +258,9 @@ def _child_disk(spec: dict[str, Any]) -> dict[str, Any]:
     keys = db.keys(prompt[: (len(prompt) // ns.chunk_size) * ns.chunk_size])
     backend = SyncBackend(DiskBackend({"path": spec["disk"]}, namespace=ns))
     backend.start()
-    shape = backend.get(keys[0]).shape
+    first = backend.get(keys[0])
+    assert first is not None, "the first chunk is not in the disk tier"
+    shape = first.shape
     outs = [torch.empty(shape, dtype=torch.float32) for _ in keys]
     # (page-aligned, as the worker's load buffers are: O_DIRECT reads land in them directly)
     aligned = [aligned_empty(shape, torch.float32) for _ in keys]
@@ -265,8 +270,9 @@ def _child_disk(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("in_process"):
         from vllm.distributed.kv_transfer import get_kv_transfer_group
 
-        w = get_kv_transfer_group()._worker
+        w = _worker_side(get_kv_transfer_group())
         loads = w.loads
+        assert loads is not None, "no asynchronous loads on this worker"
         start, finish, get_finished = loads.start, loads._finish, w.get_finished
         calls = [0]
 
@@ -284,7 +290,9 @@ def _child_disk(spec: dict[str, Any]) -> dict[str, Any]:
             calls[0] += 1
             return get_finished(*a, **kw)
 
-        loads.start, loads._finish, w.get_finished = timed_start, timed_finish, counted
+        # instrumentation: the worker's own methods, wrapped for this measurement
+        loads.start, loads._finish = timed_start, timed_finish  # type: ignore[method-assign]
+        w.get_finished = counted  # type: ignore[method-assign]
     rows: dict[str, list[Any]] = {
         "worker": [],
         "worker_reads": [],
@@ -468,7 +476,7 @@ class _HookTimer:
 
     def timed(self, fn: Any, name: str | None = None) -> Any:
         """``fn`` with its time added to :attr:`seconds` (and to ``by_hook[name]``)."""
-        key = name or getattr(fn, "__name__", "?")
+        key: str = name or str(getattr(fn, "__name__", "?"))
 
         def timed(*a: Any, **kw: Any) -> Any:
             t0 = time.perf_counter()
@@ -548,7 +556,8 @@ def _copy_threads(worker: Any) -> list[int]:
 
     from lmcache_core.integrations.vllm.storage import COPY_THREAD_PREFIX
 
-    storage = worker._worker.storage
+    storage = _worker_side(worker).storage
+    assert storage is not None, "the worker has no storage"
     barrier = threading.Barrier(4, timeout=5)
 
     async def start_all() -> None:
@@ -628,7 +637,9 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
         arms.append("onidle")
     # Arm 'onub' (--miss-unbatched-arm): the connector on with its lower tiers' background
     # stores one put per chunk (write queues' max_batch 1), as before batched stores.
-    hierarchy = worker._worker.storage.hierarchy  # type: ignore[attr-defined]
+    # The worker's internals, reached dynamically: this benchmark also runs older
+    # versions of lmcache_core (PYTHONPATH), where some of these attributes do not exist.
+    hierarchy: Any = getattr(_worker_side(worker).storage, "hierarchy", None)
     writers = [t.writer for t in hierarchy.tiers[1:]]
     batch_sizes = [getattr(w, "max_batch", 1) for w in writers]  # (older versions: none)
     if spec.get("unbatched_arm"):
@@ -652,12 +663,12 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
         arms.append("oncpu")
     # Arm 'onnowait' (--miss-nowait-arm): the connector on, its scheduler's first poll of
     # a running shared-tier lookup answering "not yet" at once (first_wait_s 0, as before).
-    lookups = getattr(getattr(sched, "_scheduler", None), "lookups", None)
+    lookups: Any = getattr(getattr(sched, "_scheduler", None), "lookups", None)
     first_wait = getattr(lookups, "first_wait_s", None)
     if spec.get("nowait_arm"):
         assert first_wait is not None, "no first-poll wait in this version"
         arms.append("onnowait")
-    saves = worker._worker.saves
+    saves: Any = _worker_side(worker).saves
     real_submit = saves.submit
     submits: dict[str, Any] = {}  # arm -> what the worker's saves.submit is in it
     if spec.get("split_arms"):
@@ -698,8 +709,8 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
             for arm in order:
                 switch.set(arm not in ("off", "off2"))  # every other arm has it on
                 saves.submit = submits.get(arm, real_submit)
-                for w, n in zip(writers, batch_sizes, strict=True):
-                    w.max_batch = 1 if arm == "onub" else n
+                for wq, n in zip(writers, batch_sizes, strict=True):
+                    wq.max_batch = 1 if arm == "onub" else n
                 for t, pol in zip(lower, policies, strict=True):
                     t.policy = "none" if arm == "oncpu" else pol
                 if first_wait is not None:
@@ -746,7 +757,7 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
     switch.set(True)
     out["rounds"] = rounds
     out["copy_nice"] = sorted(set(nices.values()))
-    out["stats"] = worker._worker.stats()
+    out["stats"] = _worker_side(worker).stats()
     import lmcache_core
 
     out["code"] = [lmcache_core.__file__]
@@ -830,6 +841,13 @@ def _ci_text(xs: list[float], seed: int = 0) -> str:
     """``median ...x, 95% CI ...-...x`` of the ratios ``xs`` (:func:`_median_ci`)."""
     med, lo, hi = _median_ci(xs, seed=seed)
     return f"median {med:.3f}x, 95% CI {lo:.3f}-{hi:.3f}x"
+
+
+def _worker_side(connector: object) -> WorkerSide:
+    """The worker half of an in-process engine's connector."""
+    side = getattr(connector, "_worker", None)
+    assert side is not None, f"no worker side in {connector!r}"
+    return cast("WorkerSide", side)
 
 
 def _verdict(ratio: list[float], aa: list[float], target: float) -> str:
@@ -1440,12 +1458,12 @@ def scenario_miss_engines(args: argparse.Namespace, base: dict[str, Any], tmp: P
         none2 = [x for x, _ in samples["none2"][what]]
         # The baseline of a round: the geometric mean of the two engines without the
         # connector (engine processes differ in speed by themselves; see the A/A).
-        base = [(a * b) ** 0.5 for a, b in zip(none, none2, strict=True)]
+        geo = [(a * b) ** 0.5 for a, b in zip(none, none2, strict=True)]
         conn = [x for x, _ in samples["connector"][what]]
         conn_saved = [y for _, y in samples["connector"][what]]
-        ratios = [c / n for c, n in zip(conn, base, strict=True)]
+        ratios = [c / n for c, n in zip(conn, geo, strict=True)]
         aa = [c / n for c, n in zip(none2, none, strict=True)]
-        durable = [c / n for c, n in zip(conn_saved, base, strict=True)]
+        durable = [c / n for c, n in zip(conn_saved, geo, strict=True)]
         tail = [y - x for x, y in samples["connector"][what]]
         print(
             f"  {what:<5} medians: none {statistics.median(none) * scale:.1f} {unit}, "
@@ -1456,7 +1474,7 @@ def scenario_miss_engines(args: argparse.Namespace, base: dict[str, Any], tmp: P
         print(f"    connector / baseline, per round: {_verdict(ratios, aa, 1.05)}")
         if "connector-ref" in samples:
             ref = [x for x, _ in samples["connector-ref"][what]]
-            rr = [c / n for c, n in zip(ref, base, strict=True)]
+            rr = [c / n for c, n in zip(ref, geo, strict=True)]
             print(
                 f"    reference connector ({args.miss_ref}) median "
                 f"{statistics.median(ref) * scale:.1f} {unit}; ref / baseline, per round: "
@@ -1639,10 +1657,14 @@ def main() -> int:
     )
     with tempfile.TemporaryDirectory(prefix="bench-vllm-", dir=str(ROOT / ".models")) as t:
         tmp = Path(t)
-        for name, fn in (("hit", scenario_hit), ("disk", scenario_disk), ("miss", scenario_miss)):
+        for name, run_scenario in (
+            ("hit", scenario_hit),
+            ("disk", scenario_disk),
+            ("miss", scenario_miss),
+        ):
             if args.scenario in ("all", name):
                 t0 = time.monotonic()
-                fn(args, base, tmp)
+                run_scenario(args, base, tmp)
                 print(f"  ({time.monotonic() - t0:.0f} s)", flush=True)
     return 0
 

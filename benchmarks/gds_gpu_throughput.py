@@ -66,7 +66,7 @@ def main() -> int:
                     host[i].copy_(dev[i])
                     fd = os.open(os.path.join(work, f"raw{i}"), os.O_WRONLY | os.O_CREAT | O_DIRECT)
                     try:
-                        os.pwrite(fd, memoryview(host[i].numpy()), 0)
+                        os.pwrite(fd, memoryview(host[i].numpy().data), 0)
                         os.fsync(fd)
                     finally:
                         os.close(fd)
@@ -81,7 +81,7 @@ def main() -> int:
                 for i in range(n):  # cold host read + H2D copy
                     fd = os.open(os.path.join(work, f"raw{i}"), os.O_RDONLY | O_DIRECT)
                     try:
-                        os.preadv(fd, [memoryview(host[i].numpy())], 0)
+                        os.preadv(fd, [memoryview(host[i].numpy().data)], 0)
                     finally:
                         os.close(fd)
                     outs[i].copy_(host[i])

@@ -266,7 +266,8 @@ def main() -> int:
         storage = json.loads(json.dumps(DEFAULT_CONFIG).replace("{demo}", str(work)))
     workload = _workload(args.docs, args.questions, args.doc_words, spec.vocab_size)
     outputs = {}
-    passes, remote_env = (1, 2), {}
+    passes: tuple[int, ...] = (1, 2)
+    remote_env: dict[str, str] = {}
     if os.environ.get("DEMO_REMOTE", "") == "s3":
         (storage, remote_env), passes = _with_local_s3(storage), (1, 2, 3)
     for p in passes:
@@ -384,7 +385,7 @@ def _report(
     s1, s2 = outputs[1]["stats"], outputs[2]["stats"]
 
     def local(p: int) -> int:
-        return (
+        return int(
             sum(r["cached_tokens"] for r in outputs[p]["results"])
             - outputs[p]["stats"]["hit_tokens"]
         )
