@@ -7,8 +7,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from test_hierarchy_fakes import make_registry
@@ -103,6 +105,41 @@ def test_stats_file_is_written_atomically_and_removed_on_close(tmp_path: Path) -
         assert "hot" in table.stdout
         await h.close()
         assert not path.exists()
+
+    run_async(body())
+
+
+def test_a_write_still_in_its_thread_at_stop_does_not_bring_the_file_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI once found the file back after close: the periodic write was in its worker
+    thread when stop() cancelled the task and removed the file, and its rename landed
+    after. Here the write is held in its thread while stop() runs."""
+    import threading
+
+    from lmcache_core.hierarchy import stats as stats_mod
+
+    in_write = threading.Event()
+    real = stats_mod.write_json_atomic
+
+    def slow_write(path: Path, data: object) -> None:
+        in_write.set()
+        time.sleep(0.3)
+        real(path, data)
+
+    monkeypatch.setattr(stats_mod, "write_json_atomic", slow_write)
+
+    async def body() -> None:
+        w = stats_mod.StatsFileWriter(tmp_path, 10.0, lambda: {"stats": {}})
+        w.start()
+        assert await asyncio.to_thread(in_write.wait, 5.0)
+        await w.stop()
+        assert not w.path.exists()
+        await asyncio.sleep(0.5)  # a write that escaped stop() would have landed by now
+        assert not w.path.exists()
+        assert not list(tmp_path.iterdir())  # no temporary file either
+        await w.write_now()  # a stopped writer writes nothing
+        assert not w.path.exists() and w.writes == 0
 
     run_async(body())
 

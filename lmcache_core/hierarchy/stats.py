@@ -182,7 +182,7 @@ class StatsFileWriter:
     """Writes ``snapshot()`` to ``<directory>/<pid>.json`` every ``interval_s`` seconds.
 
     The first writer in a process uses ``<pid>.json``, later ones ``<pid>-<n>.json``.
-    ``stop()`` writes a last snapshot and removes the file: files that remain belong to
+    ``stop()`` removes the file, also when a write was still running: files that remain belong to
     live engines or to processes that died (``inspect`` tells them apart by the pid).
     """
 
@@ -202,6 +202,11 @@ class StatsFileWriter:
         self.writes = 0
         self.failures = 0
         self._started_at = time.time()
+        # Cancelling the task does not stop a write already running in its worker
+        # thread: without this lock and flag such a write could land after stop() removed
+        # the file and leave a live-looking file behind.
+        self._file_lock = threading.Lock()
+        self._closed = False
 
     def document(self) -> dict[str, Any]:
         """The full file content: identity of the process plus the snapshot."""
@@ -219,12 +224,25 @@ class StatsFileWriter:
         """Write one snapshot (in a worker thread: the event loop never waits on the disk)."""
         doc = self.document()
         try:
-            await asyncio.to_thread(write_json_atomic, self.path, doc)
-            self.writes += 1
+            if await asyncio.to_thread(self._write_unless_closed, doc):
+                self.writes += 1
         except OSError as exc:
             self.failures += 1
             if self.failures == 1:
                 log.warning("cannot write stats file %s: %s", self.path, exc)
+
+    def _write_unless_closed(self, doc: dict[str, Any]) -> bool:
+        with self._file_lock:
+            if self._closed:
+                return False
+            write_json_atomic(self.path, doc)
+            return True
+
+    def _close_and_remove(self) -> None:
+        with self._file_lock:
+            self._closed = True
+            with contextlib.suppress(OSError):
+                self.path.unlink(missing_ok=True)
 
     async def _run(self) -> None:
         while True:
@@ -237,14 +255,13 @@ class StatsFileWriter:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        """Stop writing and remove the file."""
+        """Stop writing and remove the file (also when a write is still in its thread)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        with contextlib.suppress(OSError):
-            await asyncio.to_thread(self.path.unlink, True)
+        await asyncio.to_thread(self._close_and_remove)
 
 
 def pid_alive(pid: int) -> bool:
