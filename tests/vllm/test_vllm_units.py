@@ -393,7 +393,12 @@ def test_worker_reports_aggregate_over_ranks() -> None:
 
 
 def _scheduler(
-    chunk: int = 128, block: int = 32, world_size: int = 1, policy: str = "recompute"
+    chunk: int = 128,
+    block: int = 32,
+    world_size: int = 1,
+    policy: str = "recompute",
+    config: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> Any:
     from lmcache_core.integrations.vllm.context import ConnectorContext
     from lmcache_core.integrations.vllm.layout import LayoutInfo
@@ -401,7 +406,9 @@ def _scheduler(
     from lmcache_core.integrations.vllm.settings import parse_settings
     from lmcache_core.integrations.vllm.storage import load_storage_config
 
-    settings = parse_settings({"config": {"chunk_size": chunk}})
+    settings = parse_settings(
+        {"config": {"chunk_size": chunk, **(config or {})}, **(options or {})}
+    )
     ns = Namespace(model_name="m", chunk_size=chunk, block_size=block)
     ctx = ConnectorContext(
         settings=settings,
@@ -628,6 +635,30 @@ def test_the_first_poll_waits_briefly_for_a_running_lookup_and_only_once() -> No
     t0 = time.perf_counter()
     assert off.poll("s", [0], keys) is None  # type: ignore[arg-type]
     assert time.perf_counter() - t0 < 0.04
+
+
+@pytest.mark.parametrize(
+    ("options", "first_wait_s"),
+    [({}, 0.005), ({"lookup_first_wait_ms": 0.5}, 0.0005), ({"lookup_first_wait_ms": 0}, 0.0),
+     ({"lookup_first_wait_ms": 50, "lookup_deadline_ms": 2}, 0.002)],
+)  # fmt: skip
+def test_the_first_poll_wait_is_a_connector_option(
+    tmp_path: Path, options: dict[str, Any], first_wait_s: float
+) -> None:
+    """``lookup_first_wait_ms`` reaches the shared-tier lookups (5 ms by default, never
+    beyond the lookup deadline); a negative value is refused with the option's name."""
+    from lmcache_core.integrations.vllm.settings import parse_settings
+
+    tiers = {"tiers": [{"name": "cpu", "backend": "cpu"},
+                       {"name": "disk", "backend": "disk", "options": {"path": str(tmp_path)}}]}  # fmt: skip
+    sched = _scheduler(config=tiers, options=options)
+    try:
+        assert sched.lookups is not None
+        assert sched.lookups.first_wait_s == pytest.approx(first_wait_s)
+    finally:
+        sched.close()
+    with pytest.raises(ValueError, match="lookup_first_wait_ms"):
+        parse_settings({"lookup_first_wait_ms": -1})
 
 
 @pytest.mark.parametrize("exchange", [True, False])

@@ -221,6 +221,7 @@ class SchedulerSide:
             self.lookups = ViewLookups(
                 self.view,
                 deadline_s=opts.lookup_deadline_ms / 1000.0,
+                first_wait_s=opts.lookup_first_wait_ms / 1000.0,
                 lease_s=opts.load_deadline_s + LEASE_MARGIN_S,
                 reuse_s=LOOKUP_REUSE_S,
             )

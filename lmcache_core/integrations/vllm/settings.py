@@ -82,6 +82,14 @@ class ConnectorOptions:
         doc="A lookup in shared tiers (run in the background; the request waits meanwhile) "
         "not done this long after it started is a miss, counted as a lookup deadline.",
     )
+    lookup_first_wait_ms: float = option(
+        5.0,
+        minimum=0.0,
+        doc="The first time vLLM asks about a request whose shared-tier lookup still runs, "
+        "the scheduler waits for it this long at most (once per request; later asks never "
+        "wait; capped at lookup_deadline_ms). 0: never wait (vLLM runs an empty step and "
+        "asks again).",
+    )
     load_deadline_s: float = option(
         5.0,
         minimum=0.001,
