@@ -106,7 +106,11 @@ class SyncBackend:
 
     ``SyncBackend(backend)`` owns a new :class:`IOLoopThread` (stopped by :meth:`close`);
     pass ``loop_thread`` to share one. ``submit`` returns a future for callers that do not
-    want to block (saving KV in the background, for example). Calls first try the
+    want to block (saving KV in the background, for example). With ``timeout`` (seconds),
+    a call not over by then raises ``TimeoutError`` and is cancelled; loads through the
+    IO loop then go into private buffers, copied into the caller's once the call is over,
+    so a read a backend still runs in a thread never writes into a caller's buffer after
+    the ``TimeoutError`` (a put past its timeout may still complete). Calls first try the
     backend's thread-safe capabilities (:mod:`lmcache_core.interface`), never from the IO
     thread itself.
     """
@@ -187,7 +191,30 @@ class SyncBackend:
         res = self._fast_path((key,), (out,))
         if res is not None and res[0] is not None:
             return res[0]
-        return self._run(self.backend.get_into(key, out))
+        if self.timeout is None:
+            return self._run(self.backend.get_into(key, out))
+        tmp = torch.empty_like(out)  # (see _load_into)
+        hit = self._run(self.backend.get_into(key, tmp))
+        if hit:
+            out.copy_(tmp)
+        return hit
+
+    def _load_into(
+        self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor]
+    ) -> list[bool]:
+        """``batched_get_into`` on the IO loop. With a ``timeout``, into private buffers
+        copied into ``outs`` only once the call is over: a call past its timeout is
+        cancelled, but a read or copy a backend runs in a thread cannot be stopped and
+        could otherwise write into the caller's buffers after the ``TimeoutError``, when
+        the caller may already use them for something else."""
+        if self.timeout is None:
+            return self._run(self.backend.batched_get_into(keys, outs))
+        staging = [torch.empty_like(o) for o in outs]
+        hits = self._run(self.backend.batched_get_into(keys, staging))
+        for hit, out, tmp in zip(hits, outs, staging, strict=True):
+            if hit:
+                out.copy_(tmp)
+        return hits
 
     def put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool = False) -> bool:
         fast = self._fast_put
@@ -222,12 +249,12 @@ class SyncBackend:
     ) -> list[bool]:
         res = self._fast_path(keys, outs) if len(keys) == len(outs) else None
         if res is None:
-            return self._run(self.backend.batched_get_into(keys, outs))
+            if len(keys) != len(outs):  # (the backend raises its own error for it)
+                return self._run(self.backend.batched_get_into(keys, outs))
+            return self._load_into(keys, outs)
         todo = [i for i, r in enumerate(res) if r is None]
         if todo:
-            rest = self._run(
-                self.backend.batched_get_into([keys[i] for i in todo], [outs[i] for i in todo])
-            )
+            rest = self._load_into([keys[i] for i in todo], [outs[i] for i in todo])
             for i, hit in zip(todo, rest, strict=True):
                 res[i] = hit
         return [bool(r) for r in res]

@@ -81,3 +81,68 @@ def test_submit_returns_a_future() -> None:
         fut = sb.submit(sb.backend.put(k, torch.ones(3)))
         assert fut.result(5) is True
         assert sb.contains(k)
+
+
+class _LateWriter:
+    """A backend whose loads write into the buffer from a thread 0.3 s later (a read a
+    backend runs in a thread goes on when its coroutine is cancelled)."""
+
+    name = "late"
+
+    def __init__(self) -> None:
+        self.writes = 0
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    def _fill(self, outs: list[torch.Tensor]) -> None:
+        import time
+
+        time.sleep(0.3)
+        for o in outs:
+            o.fill_(7)
+        self.writes += 1
+
+    async def get_into(self, key: object, out: torch.Tensor) -> bool:
+        import asyncio
+
+        await asyncio.to_thread(self._fill, [out])
+        return True
+
+    async def batched_get_into(self, keys: list[object], outs: list[torch.Tensor]) -> list[bool]:
+        import asyncio
+
+        await asyncio.to_thread(self._fill, list(outs))
+        return [True] * len(keys)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_load_past_its_timeout_never_writes_into_the_callers_buffer_later(
+    batched: bool,
+) -> None:
+    import time
+
+    late = _LateWriter()
+    with SyncBackend(late, timeout=0.05) as sb:  # type: ignore[arg-type]
+        out = torch.zeros(1024, dtype=torch.uint8)
+        with pytest.raises(TimeoutError):
+            if batched:
+                sb.batched_get_into([make_key("k")], [out])
+            else:
+                sb.get_into(make_key("k"), out)
+        deadline = time.monotonic() + 5
+        while late.writes == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert late.writes == 1  # the backend's thread did write, into its own buffer
+        assert int(out.sum()) == 0
+    # and a call within its timeout fills the caller's buffer
+    with SyncBackend(_LateWriter(), timeout=5.0) as sb:  # type: ignore[arg-type]
+        out = torch.zeros(1024, dtype=torch.uint8)
+        if batched:
+            assert sb.batched_get_into([make_key("k")], [out]) == [True]
+        else:
+            assert sb.get_into(make_key("k"), out)
+        assert bool((out == 7).all())
