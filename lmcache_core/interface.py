@@ -157,7 +157,12 @@ class StorageBackend(Protocol):
         ...
 
     async def get_into(self, key: CacheEngineKey, out: torch.Tensor) -> bool:
-        """Load ``key`` into the caller's buffer ``out``; ``True`` on a hit."""
+        """Load ``key`` into the caller's buffer ``out``; ``True`` on a hit.
+
+        A cancelled call may go on writing into ``out`` until a read or copy it started
+        in a thread is over: a caller that cancels does not reuse ``out`` for other data
+        (the hierarchy's load deadlines and ``SyncBackend``'s timeout load into private
+        buffers for this reason)."""
         ...
 
     async def put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool = False) -> bool:
