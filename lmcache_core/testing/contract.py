@@ -601,7 +601,10 @@ class BackendContract(_Base):
                 finally:
                     gc.enable()
                 ms = [(round(x * 1e3, 1), round(y * 1e3, 1)) for x, y in attempts]
-                busy, idle = min(attempts)
+                # judged by the best attempt's margin (busy - idle), the same quantity
+                # the loop stops on: the smallest busy lag alone may be an attempt that
+                # failed while a later one passed
+                busy, idle = min(attempts, key=lambda a: a[0] - a[1])
                 assert busy < 0.020 + idle, (
                     f"event loop blocked: heartbeat p99 lag {busy * 1e3:.1f} ms under 16 concurrent "
                     f"{self.big_bytes >> 20} MiB puts (idle p99 {idle * 1e3:.1f} ms; every "
