@@ -191,29 +191,36 @@ class SyncBackend:
         res = self._fast_path((key,), (out,))
         if res is not None and res[0] is not None:
             return res[0]
-        if self.timeout is None:
-            return self._run(self.backend.get_into(key, out))
-        tmp = torch.empty_like(out)  # (see _load_into)
-        hit = self._run(self.backend.get_into(key, tmp))
-        if hit:
-            out.copy_(tmp)
+        bufs = self._load_buffers((out,))
+        hit = self._run(self.backend.get_into(key, bufs[0]))
+        self._hand_over([hit], (out,), bufs)
         return hit
+
+    def _load_buffers(self, outs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        """The buffers a load through the IO loop writes into: the caller's ``outs``, or
+        with a ``timeout`` private ones, copied into ``outs`` only once the call is over
+        (:meth:`_hand_over`): a call past its timeout is cancelled, but a read or copy a
+        backend runs in a thread cannot be stopped and could otherwise write into the
+        caller's buffers after the ``TimeoutError``, when the caller may already use them
+        for something else."""
+        return outs if self.timeout is None else [torch.empty_like(o) for o in outs]
+
+    @staticmethod
+    def _hand_over(
+        hits: Sequence[bool], outs: Sequence[torch.Tensor], bufs: Sequence[torch.Tensor]
+    ) -> None:
+        if bufs is not outs:
+            for hit, out, buf in zip(hits, outs, bufs, strict=True):
+                if hit:
+                    out.copy_(buf)
 
     def _load_into(
         self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor]
     ) -> list[bool]:
-        """``batched_get_into`` on the IO loop. With a ``timeout``, into private buffers
-        copied into ``outs`` only once the call is over: a call past its timeout is
-        cancelled, but a read or copy a backend runs in a thread cannot be stopped and
-        could otherwise write into the caller's buffers after the ``TimeoutError``, when
-        the caller may already use them for something else."""
-        if self.timeout is None:
-            return self._run(self.backend.batched_get_into(keys, outs))
-        staging = [torch.empty_like(o) for o in outs]
-        hits = self._run(self.backend.batched_get_into(keys, staging))
-        for hit, out, tmp in zip(hits, outs, staging, strict=True):
-            if hit:
-                out.copy_(tmp)
+        """``batched_get_into`` on the IO loop (see :meth:`_load_buffers`)."""
+        bufs = self._load_buffers(outs)
+        hits = self._run(self.backend.batched_get_into(keys, bufs))
+        self._hand_over(hits, outs, bufs)
         return hits
 
     def put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool = False) -> bool:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 
 import pytest
 import torch
@@ -99,22 +101,16 @@ class _LateWriter:
         pass
 
     def _fill(self, outs: list[torch.Tensor]) -> None:
-        import time
-
         time.sleep(0.3)
         for o in outs:
             o.fill_(7)
         self.writes += 1
 
     async def get_into(self, key: object, out: torch.Tensor) -> bool:
-        import asyncio
-
         await asyncio.to_thread(self._fill, [out])
         return True
 
     async def batched_get_into(self, keys: list[object], outs: list[torch.Tensor]) -> list[bool]:
-        import asyncio
-
         await asyncio.to_thread(self._fill, list(outs))
         return [True] * len(keys)
 
@@ -123,8 +119,6 @@ class _LateWriter:
 def test_a_load_past_its_timeout_never_writes_into_the_callers_buffer_later(
     batched: bool,
 ) -> None:
-    import time
-
     late = _LateWriter()
     with SyncBackend(late, timeout=0.05) as sb:  # type: ignore[arg-type]
         out = torch.zeros(1024, dtype=torch.uint8)
