@@ -284,6 +284,8 @@ class BlockCopier:
         self._on_cpu = first.device.type == "cpu"
         self.combined = _combined_view(views)
         self._stream: Any = None
+        n = self.num_layers * first_numel(self.block_shape)
+        self._block_nbytes = n * torch.empty((), dtype=self.dtype).element_size()
 
     @property
     def one_view(self) -> bool:
@@ -293,18 +295,38 @@ class BlockCopier:
     @property
     def block_nbytes(self) -> int:
         """Bytes of one block over all layers."""
-        n = self.num_layers * first_numel(self.block_shape)
-        return n * torch.empty((), dtype=self.dtype).element_size()
+        return self._block_nbytes
 
     def chunk_shape(self, blocks_per_chunk: int) -> tuple[int, ...]:
         """Shape of a stored chunk of ``blocks_per_chunk`` blocks."""
         return (self.num_layers, blocks_per_chunk, *self.block_shape)
 
-    def _index(self, block_ids: Sequence[int]) -> torch.Tensor:
+    def _check_range(self, block_ids: Sequence[int]) -> None:
         bad = [b for b in block_ids if not 0 <= b < self.num_blocks]
         if bad:
             raise IndexError(f"block ids {bad[:4]} out of range [0, {self.num_blocks})")
+
+    def _index(self, block_ids: Sequence[int]) -> torch.Tensor:
+        self._check_range(block_ids)
         return torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
+
+    # The two ways of gathering a chunk from the combined view on CPU (``gather`` picks
+    # one with :func:`runs_pay`; public for benchmarks/bench_gather.py, which races them).
+    def gather_indexed(self, idx: torch.Tensor, dst: torch.Tensor) -> None:
+        """One indexed copy of blocks ``idx`` of every layer into ``dst`` (CPU, one view)."""
+        assert self.combined is not None
+        if dst.is_contiguous():
+            torch.index_select(self.combined, 1, idx, out=dst)
+        else:
+            dst.copy_(self.combined.index_select(1, idx))
+
+    def gather_runs(self, runs: Sequence[tuple[int, int, int]], dst: torch.Tensor) -> None:
+        """One plain copy per run of consecutive blocks (:func:`block_runs`), all layers at
+        once, into ``dst`` (CPU, one view; block ids already checked)."""
+        combined = self.combined
+        assert combined is not None
+        for j, b, k in runs:
+            dst[:, j : j + k].copy_(combined[:, b : b + k])
 
     # ------------------------------------------------------------------ synchronous
     def gather(
@@ -317,13 +339,18 @@ class BlockCopier:
         n = len(block_ids)
         if n == 0:
             return
-        idx = self._index(block_ids)
         dst = out[:, :n]
-        if self.combined is not None:
-            if self._on_cpu and dst.is_contiguous():
-                torch.index_select(self.combined, 1, idx, out=dst)
+        if self.combined is not None and self._on_cpu:
+            runs = block_runs(block_ids)
+            if runs_pay(len(runs), n * self.block_nbytes):
+                self._check_range(block_ids)
+                self.gather_runs(runs, dst)
             else:
-                dst.copy_(self.combined.index_select(1, idx))
+                self.gather_indexed(self._index(block_ids), dst)
+            return
+        idx = self._index(block_ids)
+        if self.combined is not None:
+            dst.copy_(self.combined.index_select(1, idx))
             return
         for layer, view in enumerate(self.views):
             d = out[layer, :n]
@@ -425,6 +452,21 @@ class BlockCopier:
 def _no_others(others: Sequence[Sequence[int]]) -> None:
     if others:
         raise ValueError("a single-group copier got block ids of other KV-cache groups")
+
+
+#: Gathers on CPU copy run by run (one plain copy per run of consecutive blocks, every
+#: layer at once) when the runs average at least this many bytes, else with one indexed
+#: copy. ``benchmarks/bench_gather.py`` measured the two on this project's 2-core machine
+#: (docs/performance.md, "Save gathers"): per 4 MiB chunk, runs of 512 KiB and more copy
+#: faster than ``index_select`` (which handles a strided source element-group by
+#: element-group), single 256 KiB blocks slower.
+RUN_COPY_MIN_BYTES = 512 * 1024
+
+
+def runs_pay(n_runs: int, nbytes: int) -> bool:
+    """Whether :meth:`BlockCopier.gather` copies ``nbytes`` in ``n_runs`` runs one run at a
+    time (see :data:`RUN_COPY_MIN_BYTES`)."""
+    return n_runs > 0 and nbytes >= RUN_COPY_MIN_BYTES * n_runs
 
 
 def block_runs(block_ids: Sequence[int]) -> list[tuple[int, int, int]]:
