@@ -668,14 +668,6 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("nowait_arm"):
         assert first_wait is not None, "no first-poll wait in this version"
         arms.append("onnowait")
-    # Arm 'onidx' (--miss-indexed-arm): the connector on with every save gather one indexed
-    # copy (as before 3 December 2026), never one copy per run of consecutive blocks.
-    from lmcache_core.integrations.vllm import layout as copier_layout
-
-    run_bytes = getattr(copier_layout, "RUN_COPY_MIN_BYTES", None)
-    if spec.get("indexed_arm"):
-        assert run_bytes is not None, "no run-by-run gathers in this version"
-        arms.append("onidx")
     saves: Any = _worker_side(worker).saves
     real_submit = saves.submit
     submits: dict[str, Any] = {}  # arm -> what the worker's saves.submit is in it
@@ -703,7 +695,6 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
         "onnosync": 937,
         "oncpu": 62,
         "onnowait": 312,
-        "onidx": 437,
     }
     t_start = time.monotonic()
     rounds = 0
@@ -724,8 +715,6 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
                     t.policy = "none" if arm == "oncpu" else pol
                 if first_wait is not None:
                     lookups.first_wait_s = 0.0 if arm == "onnowait" else first_wait
-                if run_bytes is not None:
-                    copier_layout.RUN_COPY_MIN_BYTES = 1 << 62 if arm == "onidx" else run_bytes
                 for d, o, durable in disk_opts:
                     nosync = arm == "onnosync"
                     d.opts = dataclasses.replace(o, fsync=False) if nosync else o
@@ -1264,7 +1253,6 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         "warm_batches": args.miss_warm_batches,
         "sys_split": args.miss_sys_split,
         "nosync_arm": args.miss_nosync_arm,
-        "indexed_arm": args.miss_indexed_arm,
         "cpuonly_arm": args.miss_cpuonly_arm,
         "nowait_arm": args.miss_nowait_arm,
     }
@@ -1329,9 +1317,7 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
             sd = [m["saved"] - m["first"] for m in rows["onidle"]]
             print(f"    onidle: saves done {statistics.median(sd) * 1e3:.0f} ms after the outputs")
         for arm in [
-            a
-            for a in ("plan", "gather", "onub", "onnosync", "oncpu", "onnowait", "onidx")
-            if a in rows
+            a for a in ("plan", "gather", "onub", "onnosync", "oncpu", "onnowait") if a in rows
         ]:
             xs = [m["first"] for m in rows[arm]]
             print(
@@ -1353,7 +1339,6 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
                 "onnosync",
                 "oncpu",
                 "onnowait",
-                "onidx",
                 "off",
             )
             if a in rows
@@ -1619,12 +1604,6 @@ def main() -> int:
         action="store_true",
         help="miss (toggle): arm 'oncpu': the connector on with no write-through to its "
         "lower tiers (their write policy 'none'), paired with 'on' in the same process",
-    )
-    ap.add_argument(
-        "--miss-indexed-arm",
-        action="store_true",
-        help="miss (toggle): arm 'onidx': the connector on with every save gather one "
-        "indexed copy (before 3 December 2026), paired with 'on' (one copy per run of blocks)",
     )
     ap.add_argument(
         "--miss-unbatched-arm",

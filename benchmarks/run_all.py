@@ -31,7 +31,7 @@ SMALL: dict[str, list[str]] = {
     "bench_disk": ["--sizes", "4", "--total-mib", "64", "--repeats", "1", "--steady"],
     "bench_disk_ops": ["--rounds", "1"],
     "bench_gds": ["--sizes", "4", "--total-mib", "64", "--repeats", "1"],
-    "bench_gather": ["--rounds", "2", "--block", "2", "--cache-mib", "32", "--blocks", "64", "128"],
+    "bench_gather": ["--rounds", "2", "--block", "2", "--cache-mib", "32", "--blocks", "128"],
     "bench_hierarchy": ["--rounds", "3", "--iters", "50"],
     "bench_load_copy": ["--chunks", "2", "--rounds", "2", "--block", "1"],
     "bench_loop_stall": ["--seconds", "0.5", "wt", "disk"],

@@ -152,56 +152,24 @@ def test_out_of_range_block_ids_raise() -> None:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_gathers_run_by_run_and_indexed_give_the_same_bytes(
-    layout: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``gather`` copies a chunk run by run or with one indexed copy (``runs_pay``); both
-    ways put every block's exact bytes in its place, whatever the runs, also into a
-    non-contiguous destination (the leading blocks of a larger chunk)."""
-    from lmcache_core.integrations.vllm import layout as lay
+def test_gathers_put_every_blocks_bytes_in_place(layout: str) -> None:
+    """``gather`` puts every block's exact bytes in its place, whatever the runs of block
+    ids, also into a non-contiguous destination (the leading blocks of a larger chunk),
+    and writes nothing past the chunk's blocks."""
+    from lmcache_core.integrations.vllm.layout import BlockCopier
 
     _, views, _ = _caches(layout, torch.float32, fill=True)
-    copier = lay.BlockCopier(views, NUM_BLOCKS)
+    copier = BlockCopier(views, NUM_BLOCKS)
     for ids in ([2, 3, 4, 5], [3, 7, 1, 9], [8, 9, 0, 1], [11, 10, 6, 7]):
-        got = {}
-        for way, threshold in (("runs", 1), ("indexed", 1 << 60)):
-            monkeypatch.setattr(lay, "RUN_COPY_MIN_BYTES", threshold)
-            assert lay.runs_pay(len(lay.block_runs(ids)), 4 * copier.block_nbytes) == (
-                way == "runs"
-            )
-            wide = torch.zeros(copier.chunk_shape(6))
-            copier.gather(ids, wide)
-            assert not wide[:, 4:].any()  # nothing past the chunk's blocks
-            got[way] = wide[:, :4].clone()
+        for width in (4, 6):  # the chunk itself, and the leading blocks of a wider one
+            out = torch.zeros(copier.chunk_shape(width))
+            copier.gather(ids, out)
+            assert not out[:, 4:].any()
             for layer in (0, LAYERS - 1):
                 for j, b in enumerate(ids):
-                    assert got[way][layer, j].contiguous().view(
-                        torch.uint8
-                    ).numpy().tobytes() == _block_bytes(views[layer], b), (way, ids, layer, j)
-        # (bytes, not values: random bytes hold NaNs)
-        assert torch.equal(got["runs"].view(torch.uint8), got["indexed"].view(torch.uint8))
-
-
-def test_run_by_run_gathers_refuse_out_of_range_ids(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run reaching past the cache is an error, never a shorter copy (a slice would
-    silently stop at the last block)."""
-    from lmcache_core.integrations.vllm import layout as lay
-
-    monkeypatch.setattr(lay, "RUN_COPY_MIN_BYTES", 1)
-    _, views, _ = _caches("LBHNC", torch.float32, fill=False)
-    copier = lay.BlockCopier(views, NUM_BLOCKS)
-    out = torch.empty(copier.chunk_shape(2))
-    for ids in ([NUM_BLOCKS - 1, NUM_BLOCKS], [-1, 0]):
-        with pytest.raises(IndexError, match="out of range"):
-            copier.gather(ids, out)
-
-
-def test_runs_pay_when_runs_average_the_threshold() -> None:
-    from lmcache_core.integrations.vllm.layout import RUN_COPY_MIN_BYTES, runs_pay
-
-    chunk = 8 * RUN_COPY_MIN_BYTES  # 4 MiB: the demo model's 256-token chunk
-    assert runs_pay(1, chunk) and runs_pay(2, chunk) and runs_pay(8, chunk)
-    assert not runs_pay(9, chunk) and not runs_pay(16, chunk) and not runs_pay(0, chunk)
+                    # (bytes, not values: random bytes hold NaNs)
+                    got = out[layer, j].contiguous().view(torch.uint8).numpy().tobytes()
+                    assert got == _block_bytes(views[layer], b), (ids, width, layer, j)
 
 
 # ---------------------------------------------------------------------------- refusals

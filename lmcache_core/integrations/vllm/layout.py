@@ -310,24 +310,6 @@ class BlockCopier:
         self._check_range(block_ids)
         return torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
 
-    # The two ways of gathering a chunk from the combined view on CPU (``gather`` picks
-    # one with :func:`runs_pay`; public for benchmarks/bench_gather.py, which races them).
-    def gather_indexed(self, idx: torch.Tensor, dst: torch.Tensor) -> None:
-        """One indexed copy of blocks ``idx`` of every layer into ``dst`` (CPU, one view)."""
-        assert self.combined is not None
-        if dst.is_contiguous():
-            torch.index_select(self.combined, 1, idx, out=dst)
-        else:
-            dst.copy_(self.combined.index_select(1, idx))
-
-    def gather_runs(self, runs: Sequence[tuple[int, int, int]], dst: torch.Tensor) -> None:
-        """One plain copy per run of consecutive blocks (:func:`block_runs`), all layers at
-        once, into ``dst`` (CPU, one view; block ids already checked)."""
-        combined = self.combined
-        assert combined is not None
-        for j, b, k in runs:
-            dst[:, j : j + k].copy_(combined[:, b : b + k])
-
     # ------------------------------------------------------------------ synchronous
     def gather(
         self, block_ids: Sequence[int], out: torch.Tensor, others: Sequence[Sequence[int]] = ()
@@ -339,18 +321,18 @@ class BlockCopier:
         n = len(block_ids)
         if n == 0:
             return
-        dst = out[:, :n]
-        if self.combined is not None and self._on_cpu:
-            runs = block_runs(block_ids)
-            if runs_pay(len(runs), n * self.block_nbytes):
-                self._check_range(block_ids)
-                self.gather_runs(runs, dst)
-            else:
-                self.gather_indexed(self._index(block_ids), dst)
-            return
         idx = self._index(block_ids)
+        dst = out[:, :n]
         if self.combined is not None:
-            dst.copy_(self.combined.index_select(1, idx))
+            # One indexed copy, single-threaded on CPU. One torch ``copy_`` per run of
+            # consecutive blocks was 2x faster on two idle cores but, like every
+            # two-thread ``copy_``, 17-60x slower at the median (8-28 ms per 4 MiB chunk)
+            # with another process busy on each core (benchmarks/bench_gather.py;
+            # docs/performance.md, "Save gathers").
+            if self._on_cpu and dst.is_contiguous():
+                torch.index_select(self.combined, 1, idx, out=dst)
+            else:
+                dst.copy_(self.combined.index_select(1, idx))
             return
         for layer, view in enumerate(self.views):
             d = out[layer, :n]
@@ -452,21 +434,6 @@ class BlockCopier:
 def _no_others(others: Sequence[Sequence[int]]) -> None:
     if others:
         raise ValueError("a single-group copier got block ids of other KV-cache groups")
-
-
-#: Gathers on CPU copy run by run (one plain copy per run of consecutive blocks, every
-#: layer at once) when the runs average at least this many bytes, else with one indexed
-#: copy. ``benchmarks/bench_gather.py`` measured the two on this project's 2-core machine
-#: (docs/performance.md, "Save gathers"): per 4 MiB chunk, runs of 512 KiB and more copy
-#: faster than ``index_select`` (which handles a strided source element-group by
-#: element-group), single 256 KiB blocks slower.
-RUN_COPY_MIN_BYTES = 512 * 1024
-
-
-def runs_pay(n_runs: int, nbytes: int) -> bool:
-    """Whether :meth:`BlockCopier.gather` copies ``nbytes`` in ``n_runs`` runs one run at a
-    time (see :data:`RUN_COPY_MIN_BYTES`)."""
-    return n_runs > 0 and nbytes >= RUN_COPY_MIN_BYTES * n_runs
 
 
 def block_runs(block_ids: Sequence[int]) -> list[tuple[int, int, int]]:
