@@ -726,6 +726,7 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
                 time.sleep(0.3)  # let the connector's threads go idle
                 seed = 1000 * rep + seeds[arm] + (7 if what == "batch" else 11 * sub)
                 hook0, cpu0 = timer.seconds, timer.other_threads_cpu()
+                by0 = dict(timer.by_hook)
                 sys0 = _sys_snapshot() if spec.get("sys_split") and what == "batch" else None
                 t0 = time.perf_counter()
                 if what == "ttft":
@@ -748,6 +749,7 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
                     "saved": saved,
                     "hooks": timer.seconds - hook0,
                     "threads_cpu": timer.other_threads_cpu() - cpu0,
+                    "by_hook": {k: v - by0.get(k, 0.0) for k, v in timer.by_hook.items()},
                 }
                 if sys0 is not None and sys1 is not None:
                     row["sys"] = _sys_delta(sys0, sys1)  # t0 -> the outputs
@@ -1351,6 +1353,17 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
                 f"({100 * hooks / ref:.1f}%), other Python threads' CPU {thr * 1e3:.1f} ms "
                 f"({100 * thr / ref:.1f}%) (medians, % of the off arm's median)"
             )
+        # The 'on' arm's hook time per connector method (medians; the largest first).
+        names = {n for m in rows["on"] for n in m.get("by_hook", {})}
+        per = {
+            n: statistics.median(m.get("by_hook", {}).get(n, 0.0) for m in rows["on"])
+            for n in names
+        }
+        top = [
+            f"{n} {v * 1e3:.1f}" for n, v in sorted(per.items(), key=lambda x: -x[1]) if v >= 5e-5
+        ]
+        if top:
+            print(f"    on  : hooks by method, ms (medians): {', '.join(top)}")
         if what == "batch" and any("sys" in m for m in rows["on"]):
             _print_sys_split(rows)
 
