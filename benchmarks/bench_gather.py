@@ -1,15 +1,20 @@
-"""The vLLM connector's save gather on CPU, without an engine: the library's gather (one
-indexed copy of a chunk's blocks, ``index_select`` over every layer at once) against two
-ways of copying run by run (a run: consecutive block ids), from a synthetic paged KV
-cache laid out as vLLM 0.32 lays it out on CPU (every layer in one allocation,
-``[layers, blocks, heads, tokens, K|V]``):
+"""The vLLM connector's host copies between a chunk and vLLM's paged KV cache on CPU,
+without an engine, from and into a synthetic cache laid out as vLLM 0.32 lays it out on
+CPU (every layer in one allocation, ``[layers, blocks, heads, tokens, K|V]``); three ways
+each (a run: consecutive block ids):
 
-- ``runs``: one torch ``copy_`` per run, every layer at once (torch splits it across its
-  OpenMP threads);
-- ``memmove``: one single-threaded ``memmove`` per run and layer.
+- gathers (saves; ``--ops gather``): ``indexed``, the library's gather (one
+  ``index_select`` over every layer at once); ``runs``, one torch ``copy_`` per run,
+  every layer at once (torch splits it across its OpenMP threads); ``memmove``, one
+  single-threaded ``memmove`` per run and layer;
+- scatters (loads that are not copied layer by layer: async loads, beside the forward
+  pass; ``--ops scatter``): ``indexed`` (one ``index_copy_`` over every layer at once),
+  ``runs`` (one ``copy_`` per run, the library's way before 3 December 2026) and
+  ``memmove`` (one per run and layer, the library's way since: ``BlockCopier.scatter``).
 
 The gather runs on vLLM's engine thread once per saved chunk (``wait_for_save``), so its
-time is added to every step that saves. Defaults: the demo model's 8 layers, 4 KV heads
+time is added to every step that saves; async loads scatter in helper threads while vLLM
+computes. Defaults: the demo model's 8 layers, 4 KV heads
 of 64, float32, chunks of 256 tokens (4 MiB); block sizes 16, 32, 64 and 128 tokens (128
 is vLLM's CPU default); per block size three shapes of a chunk's block ids: one run,
 runs of two blocks, single blocks at random places. Each gather reads blocks at random
@@ -25,7 +30,7 @@ computing float32 matmuls: other engines or jobs on the machine), where a two-th
 ``copy_`` waits for its descheduled thread.
 
 Run: .venv/bin/python benchmarks/bench_gather.py [--rounds 15] [--cache-mib 1024]
-[--conditions quiet loaded]
+[--conditions quiet loaded] [--ops gather scatter]
 """
 
 from __future__ import annotations
@@ -88,8 +93,21 @@ def _gather_memmove(combined: torch.Tensor, ids: Iterator[list[int]], out: torch
             )
 
 
+def _scatter_indexed(combined: torch.Tensor, ids: Iterator[list[int]], src: torch.Tensor) -> None:
+    combined.index_copy_(1, torch.tensor(next(ids)), src)
+
+
+def _scatter_runs(combined: torch.Tensor, ids: Iterator[list[int]], src: torch.Tensor) -> None:
+    for j, b, k in block_runs(next(ids)):
+        combined[:, b : b + k].copy_(src[:, j : j + k])
+
+
+def _scatter_library(copier: BlockCopier, ids: Iterator[list[int]], src: torch.Tensor) -> None:
+    copier.scatter(src, next(ids))
+
+
 def _cases(
-    args: argparse.Namespace, rng: random.Random
+    args: argparse.Namespace, op: str, rng: random.Random
 ) -> Iterator[tuple[str, dict[str, Callable[[], None]]]]:
     """Per block size and shape of the ids: its label and the three ways, ready to race."""
     heads, kv = 4, 2 * 64
@@ -107,16 +125,29 @@ def _cases(
             if run > per_chunk or (label == "runs of 2" and per_chunk < 4):
                 continue
             pool = [_ids(rng, num_blocks, per_chunk, run) for _ in range(64)]
-            fns = {
-                "indexed": functools.partial(_gather_indexed, copier),
-                "runs": functools.partial(_gather_runs, combined),
-                "memmove": functools.partial(_gather_memmove, combined),
-            }
-            # every way gives every block's bytes (checked once per case, outside the timing)
-            for fn in fns.values():
-                out.zero_()
-                fn(iter(pool), out)
-                assert torch.equal(out, backing[:, pool[0]])
+            if op == "gather":
+                fns = {
+                    "indexed": functools.partial(_gather_indexed, copier),
+                    "runs": functools.partial(_gather_runs, combined),
+                    "memmove": functools.partial(_gather_memmove, combined),
+                }
+                # every way gives every block's bytes (checked once per case, untimed)
+                for fn in fns.values():
+                    out.zero_()
+                    fn(iter(pool), out)
+                    assert torch.equal(out, backing[:, pool[0]])
+            else:
+                assert copier._memmove_scatters  # the library's scatter is the memmove way
+                fns = {
+                    "indexed": functools.partial(_scatter_indexed, combined),
+                    "runs": functools.partial(_scatter_runs, combined),
+                    "memmove": functools.partial(_scatter_library, copier),
+                }
+                out.copy_(torch.rand(out.shape))
+                for fn in fns.values():
+                    backing[:, pool[0]] = 0.0
+                    fn(iter(pool), out)
+                    assert torch.equal(backing[:, pool[0]], out)
             cycle = itertools.cycle(pool)
             yield (
                 f"{tokens:>5} {label:<10}",
@@ -131,6 +162,28 @@ def _verdict(ratio: float, aa: float) -> str:
     return "faster" if ratio > 1 else "slower"
 
 
+def _race(args: argparse.Namespace, op: str) -> None:
+    print(
+        f"  {'op':<8} {'block':>5} {'ids':<10} {'indexed':>13} {'runs':>13} {'memmove':>13}"
+        f"  {'A/A':>4}  {'indexed/runs':<26} indexed/memmove"
+    )
+    for label, ways in _cases(args, op, random.Random(5)):
+        contenders: dict[str, Callable[[], object]] = {}
+        for w, fn in ways.items():
+            contenders[w] = contenders[w + "2"] = fn
+        s = interleaved_samples(contenders, rounds=args.rounds, block=args.block)
+        aa = max(aa_spread(s[w], s[w + "2"]) for w in WAYS)
+        med = {w: pct(s[w], 50) for w in WAYS}
+        times = [f"{med[w] * 1e6:5.0f} / {pct(s[w], 90) * 1e6:5.0f}" for w in WAYS]
+        cols = []
+        for w in ("runs", "memmove"):
+            r = med["indexed"] / med[w]
+            cols.append(f"{r:6.2f}x {w} {_verdict(r, aa):<12}")
+        print(
+            f"  {op:<8} {label} {' '.join(f'{t:>13}' for t in times)}  {aa:4.2f}  {'  '.join(cols)}"
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--layers", type=int, default=8)
@@ -138,6 +191,9 @@ def main() -> int:
     ap.add_argument("--cache-mib", type=int, default=1024, help="size of the synthetic cache")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--block", type=int, default=5, help="calls per way per round")
+    ap.add_argument(
+        "--ops", nargs="+", choices=("gather", "scatter"), default=["gather", "scatter"]
+    )
     ap.add_argument(
         "--conditions",
         nargs="+",
@@ -148,8 +204,8 @@ def main() -> int:
     args = ap.parse_args()
 
     print(
-        f"gather of one {CHUNK_TOKENS}-token chunk ({args.layers} layers, 4 KV heads of "
-        f"64, float32) from a {args.cache_mib} MiB synthetic cache; torch threads "
+        f"copies of one {CHUNK_TOKENS}-token chunk ({args.layers} layers, 4 KV heads of "
+        f"64, float32) from and into a {args.cache_mib} MiB synthetic cache; torch threads "
         f"{torch.get_num_threads()}, {os.cpu_count()} cores, load average "
         f"{os.getloadavg()[0]:.1f}; times per chunk in us, median / p90"
     )
@@ -160,25 +216,8 @@ def main() -> int:
                 print(f"loaded: {len(procs)} processes, each float32 1024x1024 matmuls on 1 thread")
             else:
                 print("quiet: nothing else started by this benchmark")
-            print(
-                f"  {'block':>5} {'ids':<10} {'indexed':>13} {'runs':>13} {'memmove':>13}"
-                f"  {'A/A':>4}  {'indexed/runs':<26} indexed/memmove"
-            )
-            for label, ways in _cases(args, random.Random(5)):
-                contenders: dict[str, Callable[[], object]] = {}
-                for w, fn in ways.items():
-                    contenders[w] = contenders[w + "2"] = fn
-                s = interleaved_samples(contenders, rounds=args.rounds, block=args.block)
-                aa = max(aa_spread(s[w], s[w + "2"]) for w in WAYS)
-                med = {w: pct(s[w], 50) for w in WAYS}
-                times = [f"{med[w] * 1e6:5.0f} / {pct(s[w], 90) * 1e6:5.0f}" for w in WAYS]
-                cols = []
-                for w in ("runs", "memmove"):
-                    r = med["indexed"] / med[w]
-                    cols.append(f"{r:6.2f}x {w} {_verdict(r, aa):<12}")
-                print(
-                    f"  {label} {' '.join(f'{t:>13}' for t in times)}  {aa:4.2f}  {'  '.join(cols)}"
-                )
+            for op in args.ops:
+                _race(args, op)
         finally:
             stop_load(procs)
     return 0

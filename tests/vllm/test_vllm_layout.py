@@ -114,6 +114,50 @@ def test_partial_scatter_skips_leading_blocks() -> None:
     assert not any(_block_bytes(dst_views[0], 4))
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_host_scatters_copy_every_block_once_per_run_and_layer(
+    layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where every layer's blocks lie one after the other (vLLM's CPU layout, LBHNC), a
+    host scatter is one ``memmove`` per run of consecutive blocks and layer, from a whole
+    chunk or a slice of one; elsewhere torch copies. Either way every block's exact bytes
+    land in its place and nothing else is written; a source of another dtype never takes
+    the raw path."""
+    from lmcache_core.integrations.vllm import layout as lay
+
+    _, src_views, _ = _caches(layout, torch.float32, fill=True)
+    chunk = torch.empty(lay.BlockCopier(src_views, NUM_BLOCKS).chunk_shape(6))
+    lay.BlockCopier(src_views, NUM_BLOCKS).gather([6, 0, 1, 2, 9, 4], chunk)
+    sizes: list[int] = []
+    real = lay._memmove
+
+    def counted(d: int, s: int, n: int) -> int:
+        sizes.append(n)
+        return int(real(d, s, n))
+
+    monkeypatch.setattr(lay, "_memmove", counted)
+    for ids, skip in (([2, 3, 4, 5], 0), ([9, 1, 7, 8, 0], 1), ([11], 5), ([3, 4], 4)):
+        dst_raw, dst_views, _ = _caches(layout, torch.float32, fill=False)
+        dst = lay.BlockCopier(dst_views, NUM_BLOCKS)
+        sizes.clear()
+        dst.scatter(chunk[:, skip : skip + len(ids)], ids)
+        for layer in range(LAYERS):
+            for j, b in enumerate(ids):
+                want = chunk[layer, skip + j].contiguous().view(torch.uint8).numpy().tobytes()
+                assert _block_bytes(dst_views[layer], b) == want, (ids, layer, j)
+        nonzero = int(dst_raw.view(torch.uint8).count_nonzero())
+        assert nonzero <= len(ids) * dst.block_nbytes
+        runs = lay.block_runs(ids)
+        if layout == "LBHNC":
+            assert len(sizes) == LAYERS * len(runs)
+            assert sum(sizes) == len(ids) * dst.block_nbytes
+        else:
+            assert sizes == [] or len(sizes) == LAYERS * len(runs)
+    sizes.clear()
+    dst.scatter(chunk[:, :2].to(torch.bfloat16), [0, 1])
+    assert sizes == []
+
+
 def test_kernel_blocks_are_regrouped_into_manager_blocks() -> None:
     from lmcache_core.integrations.vllm.layout import BlockCopier
 

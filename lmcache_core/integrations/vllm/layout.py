@@ -13,6 +13,7 @@ A stored chunk is one contiguous tensor ``[num_layers, blocks_per_chunk, *block_
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -283,6 +284,11 @@ class BlockCopier:
         self.device = first.device
         self._on_cpu = first.device.type == "cpu"
         self.combined = _combined_view(views)
+        # Host scatters copy with one memmove per run and layer when every layer's blocks
+        # lie one after the other (:meth:`_scatter_memmove`).
+        self._memmove_scatters = (
+            self._on_cpu and self.combined is not None and self.combined[0].is_contiguous()
+        )
         self._stream: Any = None
         n = self.num_layers * first_numel(self.block_shape)
         self._block_nbytes = n * torch.empty((), dtype=self.dtype).element_size()
@@ -360,10 +366,43 @@ class BlockCopier:
             for layer, view in enumerate(self.views):
                 view.index_copy_(0, idx, src[layer])
             return
+        if self._memmove_scatters and self._memmove_source(src):
+            self._scatter_memmove(src, block_ids)
+            return
         # One copy per run of consecutive blocks, all layers at once (an indexed copy
         # into a strided view measured 2x slower than these on CPU).
         for j, b, k in block_runs(block_ids):
             combined[:, b : b + k].copy_(src[:, j : j + k])
+
+    def _memmove_source(self, src: torch.Tensor) -> bool:
+        """Whether ``src`` (``[layers, n, *block]``, checked by :meth:`_check_src`) holds
+        each layer's blocks one after the other in host memory, in the cache's dtype."""
+        return (
+            src.device.type == "cpu"
+            and src.dtype == self.dtype
+            and tuple(src.shape[2:]) == self.block_shape
+            and src[0].is_contiguous()
+        )
+
+    def _scatter_memmove(self, src: torch.Tensor, block_ids: Sequence[int]) -> None:
+        """One single-threaded ``memmove`` per run of consecutive blocks and layer (block
+        ids already range-checked). Not torch's ``copy_``: that one splits a copy across
+        its OpenMP threads, and whenever another thread or process holds one of the cores
+        (vLLM's forward pass beside an async load, other engines) it waits a scheduler
+        time slice or more for the descheduled member: 8-53 ms instead of ~0.5 ms per
+        4 MiB chunk at the median (``benchmarks/bench_gather.py``, loaded condition)."""
+        combined = self.combined
+        assert combined is not None
+        esize = combined.element_size()
+        block = first_numel(self.block_shape) * esize  # bytes of one block of one layer
+        d_base, d_layer = combined.data_ptr(), combined.stride(0) * esize
+        s_base, s_layer = src.data_ptr(), src.stride(0) * esize
+        for j, b, k in block_runs(block_ids):
+            n = k * block
+            for layer in range(self.num_layers):
+                _memmove(
+                    d_base + layer * d_layer + b * block, s_base + layer * s_layer + j * block, n
+                )
 
     def _check_src(self, src: torch.Tensor, block_ids: Sequence[int]) -> int:
         n = len(block_ids)
@@ -429,6 +468,9 @@ class BlockCopier:
         for ev in events:
             if ev is not None:
                 current.wait_event(ev)
+
+
+_memmove = ctypes.memmove  # releases the GIL
 
 
 def _no_others(others: Sequence[Sequence[int]]) -> None:
