@@ -97,6 +97,7 @@ def _run(
     prompts: list[list[int]] = PROMPTS,
     max_tokens: int = c.MAX_TOKENS,
     inject_failure: bool = False,
+    attention_backend: str | None = None,
 ) -> EngineRun:
     stats = workdir / f"stats-{name}"
     control = workdir / f"control-{name}.json"
@@ -130,6 +131,8 @@ def _run(
     }
     if hma is not None:
         engine["disable_hybrid_kv_cache_manager"] = not hma
+    if attention_backend is not None:
+        engine["attention_backend"] = attention_backend
     gen = [{"tokens": p} for p in prompts]
 
     def step(name: str) -> dict[str, Any]:
@@ -216,7 +219,11 @@ def deepseek(workdir: Path) -> tuple[Path, list[list[int]]]:
 def mla(deepseek: tuple[Path, list[list[int]]]) -> tuple[EngineRun, list[list[int]]]:
     model, ref = deepseek
     # vLLM's CPU MLA kernel needs 16-token blocks (it overrides any other block size).
-    return _run(model.parent.parent, "mla", model, block=16, **MLA_RUN), ref
+    # On a CPU with AMX tiles vLLM 0.32 prefers its AMX MLA backend, whose weight packing
+    # refuses float32 weights (the engine fails to load the model): ask for the reference
+    # CPU_MLA backend, the one every CPU has.
+    run = _run(model.parent.parent, "mla", model, block=16, attention_backend="CPU_MLA", **MLA_RUN)
+    return run, ref
 
 
 # ---------------------------------------------------------------------------------- tests
