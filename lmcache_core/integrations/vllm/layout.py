@@ -332,9 +332,9 @@ class BlockCopier:
         if self.combined is not None:
             # One indexed copy, single-threaded on CPU. One torch ``copy_`` per run of
             # consecutive blocks was 2x faster on two idle cores but, like every
-            # two-thread ``copy_``, 17-60x slower at the median (8-28 ms per 4 MiB chunk)
-            # with another process busy on each core (benchmarks/bench_gather.py;
-            # docs/performance.md, "Save gathers").
+            # two-thread ``copy_``, took 7-53 ms per 4 MiB chunk at the median (against
+            # ~0.45 ms) in 3-6 of 11 cases with another process busy on each core
+            # (benchmarks/bench_gather.py; docs/performance.md, "Save gathers").
             if self._on_cpu and dst.is_contiguous():
                 torch.index_select(self.combined, 1, idx, out=dst)
             else:
@@ -389,8 +389,10 @@ class BlockCopier:
         ids already range-checked). Not torch's ``copy_``: that one splits a copy across
         its OpenMP threads, and whenever another thread or process holds one of the cores
         (vLLM's forward pass beside an async load, other engines) it waits a scheduler
-        time slice or more for the descheduled member: 8-53 ms instead of ~0.5 ms per
-        4 MiB chunk at the median (``benchmarks/bench_gather.py``, loaded condition)."""
+        time slice or more for the descheduled member: 7-25 ms instead of ~0.5 ms per
+        4 MiB chunk at the median with 64- and 128-token blocks
+        (``benchmarks/bench_gather.py --ops scatter``, loaded condition). The address
+        arithmetic is :meth:`.layer_copy.LayerCopies.plan`'s, over one strided view."""
         combined = self.combined
         assert combined is not None
         esize = combined.element_size()
