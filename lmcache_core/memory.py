@@ -22,6 +22,7 @@ from .libc import libc_function
 __all__ = [
     "as_bytes",
     "copy_into",
+    "copy_tensor",
     "mapped_empty",
     "pinned_available",
     "populated_empty",
@@ -56,6 +57,27 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
             _memmove(dst.data_ptr(), src.data_ptr(), n)
         return
     as_bytes(dst).copy_(as_bytes(src), non_blocking=False)
+
+
+def copy_tensor(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst[...] = src``: one ``memmove`` when both are contiguous host tensors of one
+    dtype and shape (see the module docstring), torch's ``copy_`` otherwise (device
+    tensors, strided views, dtype conversions), in inference mode: vLLM's KV buffers are
+    inference tensors, which an in-place ``copy_`` outside it refuses."""
+    if (
+        dst.is_cpu
+        and src.is_cpu
+        and dst.dtype == src.dtype
+        and dst.shape == src.shape
+        and dst.is_contiguous()
+        and src.is_contiguous()
+    ):
+        n = dst.nbytes
+        if n:
+            _memmove(dst.data_ptr(), src.data_ptr(), n)
+        return
+    with torch.inference_mode():
+        dst.copy_(src)
 
 
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+

@@ -38,6 +38,7 @@ from .interface import (
     implements,
 )
 from .keys import CacheEngineKey
+from .memory import copy_tensor
 
 if TYPE_CHECKING:
     from .hierarchy.tiered import PrefixLookup
@@ -212,7 +213,7 @@ class SyncBackend:
         if bufs is not outs:
             for hit, out, buf in zip(hits, outs, bufs, strict=True):
                 if hit:
-                    out.copy_(buf)
+                    copy_tensor(out, buf)
 
     def _load_into(
         self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor]

@@ -6,7 +6,9 @@ miss (or a skipped lookup, or a dropped store) plus an error count and a retry b
 ``KeyboardInterrupt`` and caller errors (:class:`~lmcache_core.errors.BufferMismatchError`)
 propagate. Loads from a tier with ``load_deadline_ms`` go into a private staging buffer:
 a load that misses its deadline is abandoned (left to finish in the background, its
-buffer recycled afterwards) and can never write into the caller's buffer later.
+buffer recycled afterwards) and can never write into the caller's buffer later. A load
+within its deadline is handed over with :func:`~lmcache_core.memory.copy_tensor` (one
+``memmove`` for host buffers, like every other host copy of the hierarchy).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ..config import TierConfig
 from ..errors import BufferMismatchError, ConfigError
 from ..interface import BatchedPinning, Pinning, PrefixContains, implements
 from ..keys import CacheEngineKey
+from ..memory import copy_tensor
 from .admission import BoundedKeySet, SightingCounter
 from .codec import CodedBackendView, TierCodec
 from .health import TierHealth
@@ -354,10 +357,7 @@ class Tier:
             hits = await self._with_load_deadline(load, release)
             for h, buf, out in zip(hits, staging, outs, strict=True):
                 if h:
-                    # (vLLM's buffers are inference tensors: an in-place copy outside
-                    # inference mode raises)
-                    with torch.inference_mode():
-                        out.copy_(buf)
+                    copy_tensor(out, buf)
             return hits
         finally:
             if not release.handed_over:

@@ -83,7 +83,7 @@ from ..interface import (
     pins_do_io,
 )
 from ..keys import CacheEngineKey, Namespace
-from ..memory import copy_into
+from ..memory import copy_tensor
 from .leases import LeaseTable
 from .staging import CopyBudget, StagedChunk, StagingPool
 from .stats import LatencyReservoir, StatsFileWriter
@@ -168,13 +168,6 @@ class Reservation:
             self._backend.abort_reserved(self.handle, reusable)
         except Exception:
             log.exception("aborting a reservation failed")
-
-
-def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
-    if src.is_contiguous() and src.device.type == "cpu":
-        copy_into(dst, src)
-    else:
-        dst.copy_(src)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -645,14 +638,14 @@ class TieredHierarchy(BaseBackend):
         if value is None:
             return None
         out = torch.empty(value.shape, dtype=value.dtype)
-        _copy(out, value)
+        copy_tensor(out, value)
         return out
 
     def _pending_into(self, t: Tier, key: CacheEngineKey, out: torch.Tensor) -> bool:
         value = t.writer.peek(key)
         if value is None or value.dtype != out.dtype or value.shape != out.shape:
             return False
-        _copy(out, value)
+        copy_tensor(out, value)
         return True
 
     async def _promote(self, key: CacheEngineKey, value: torch.Tensor, src: Tier) -> None:
@@ -871,7 +864,7 @@ class TieredHierarchy(BaseBackend):
                 return True
             if self._loop is not None:  # evicted from another thread: copy, hand to the loop
                 buf = self.pool.take_like(value)
-                _copy(buf, value)
+                copy_tensor(buf, value)
                 staged = StagedChunk(buf, self.pool)
 
                 def enqueue() -> None:
