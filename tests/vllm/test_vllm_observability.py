@@ -260,6 +260,38 @@ def test_stats_reach_the_front_end_as_the_workers_counted_them(
     assert _hits_by_source(h) == {"host": 3 * CHUNK}
 
 
+def test_the_worker_rewrites_its_stats_file_only_when_the_document_changed(
+    vllm_models: Models, harnesses: list[Harness], tmp_path: Path
+) -> None:
+    """Engine steps that load and store nothing (a short request decoding) leave the
+    worker's statistics file alone (each rewrite swaps a new file into place: a new
+    inode); the next step after new saves rewrites it with the new counts."""
+    import json
+    import os
+
+    stats = tmp_path / "stats"
+    h = Harness(
+        vllm_models.main,
+        _storage(),
+        async_scheduling=False,
+        prefix_caching=False,
+        options={"stats_dir": str(stats)},
+    )
+    harnesses.append(h)
+    _run(h, "a0", A)
+    (worker,) = stats.glob("worker0-*.json")
+    first = os.stat(worker).st_ino
+    assert json.loads(worker.read_text())["saved_chunks"] == 3
+    # a request shorter than a chunk decodes for a few steps: nothing to load or store
+    h.add("d0", B[:20], max_tokens=8)
+    h.drain()
+    assert {"d0"} <= h.finished
+    assert os.stat(worker).st_ino == first
+    _run(h, "b0", B)
+    assert os.stat(worker).st_ino != first
+    assert json.loads(worker.read_text())["saved_chunks"] == 6
+
+
 def test_hit_sources_split_a_load_by_tier_type(
     vllm_models: Models, harnesses: list[Harness], tmp_path: Path
 ) -> None:
