@@ -35,6 +35,16 @@ Scenarios (``--scenario``, default all), on the demo's model (8-layer float32 Ll
   are in every tier. Per-round ratios against the geometric mean of the two baseline
   measurements, medians with 95% bootstrap intervals. Target: <= 1.05x.
 
+* ``itl``: what a request arriving in the middle of another's decoding costs that
+  decoding request: its inter-token latencies over the ``--itl-window`` tokens after the
+  arrival, per round in random order with nothing arriving (``base``, and ``base2``, the
+  A/A twin), a request of ``--disk-chunks`` chunks that hits a disk-only tier (page
+  cache dropped: the connector loads it in the background, ``hit``), and a unique prompt
+  of that length (prefilled and saved, ``cold``); ratios of each arm's mean, median and
+  largest gap to ``base``'s, and the arriving request's TTFT. No target: it shows what
+  loading off the step buys against a cold prefill and what the background load still
+  costs the decoding request on shared cores.
+
 Verdicts: ``met`` when the median's 95% interval lies at or under the target, ``not
 met`` when it lies above, ``within noise`` otherwise, and also when the A/A median's
 interval excludes 1 (the set-up itself is then biased: two identical engine processes
@@ -49,6 +59,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import json
 import os
 import random
@@ -349,6 +360,82 @@ def _child_disk(spec: dict[str, Any]) -> dict[str, Any]:
     backend.close()
     llm.llm_engine.engine_core.shutdown()
     return {**rows, "chunks": len(keys), "chunk_bytes": outs[0].numel() * 4}
+
+
+def _child_itl(spec: dict[str, Any]) -> dict[str, Any]:
+    """A decoding request's inter-token latency while another request arrives, per round
+    in random order: ``base`` (nothing arrives), ``base2`` (the same: the A/A twin),
+    ``hit`` (a request whose chunks are on disk only, page cache dropped: it loads in
+    the background) and ``cold`` (a unique prompt of the same length: prefilled, saved).
+    Every arm resets vLLM's prefix cache and drops the tier's files from the page cache
+    first, so all four start alike."""
+    from vllm import SamplingParams
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+    from vllm.inputs import TokensPrompt
+
+    llm = _llm(spec)
+    engine = llm.llm_engine
+    timer = _HookTimer(engine.engine_core.engine_core.scheduler.connector, get_kv_transfer_group())
+    (hit_prompt,) = _prompts(spec, 1, spec["tokens"], 21)
+    (dec_prompt,) = _prompts(spec, 1, 64, 22)
+    fresh = iter(_prompts(spec, spec["rounds"] + 1, spec["tokens"], 23))
+    _ttft(llm, hit_prompt)  # cold: its chunks are stored on disk
+    _ttft(llm, next(fresh))  # (a first cold prefill of this length, unrecorded)
+    _wait_saves()
+    full = (spec["tokens"] // spec["chunk_size"]) * spec["chunk_size"]
+    dec_sp = SamplingParams(max_tokens=spec["decode_tokens"], temperature=0.0, ignore_eos=True)
+    other_sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    after = spec["start_after"]
+
+    def measure(arm: str, n: int) -> dict[str, Any]:
+        llm.reset_prefix_cache()
+        _drop_page_cache(spec["disk"])
+        dec, other = f"dec-{arm}-{n}", f"other-{arm}-{n}"
+        engine.add_request(dec, TokensPrompt(prompt_token_ids=dec_prompt), dec_sp)
+        stamps: list[float] = []
+        hooks: list[dict[str, float]] = []  # the connector's hook time at each token
+        added = first = 0.0
+        cached = -1
+        while engine.has_unfinished_requests():
+            outs = engine.step()
+            now = time.perf_counter()
+            for o in outs:
+                if o.request_id == dec and len(o.outputs[0].token_ids) > len(stamps):
+                    stamps.append(now)
+                    hooks.append(dict(timer.by_hook))
+                elif o.request_id == other and o.outputs[0].token_ids and not first:
+                    first, cached = now, int(o.num_cached_tokens or 0)
+            if len(stamps) == after and not added and arm in ("hit", "cold"):
+                p = hit_prompt if arm == "hit" else next(fresh)
+                engine.add_request(other, TokensPrompt(prompt_token_ids=p), other_sp)
+                added = time.perf_counter()
+        _wait_saves()
+        itl = [b - a for a, b in itertools.pairwise(stamps)]
+        gaps = [
+            {k: v - a.get(k, 0.0) for k, v in b.items() if v - a.get(k, 0.0) > 0}
+            for a, b in itertools.pairwise(hooks)
+        ]
+        return {
+            "itl": itl[after - 1 : after - 1 + spec["window"]],
+            "hooks": gaps[after - 1 : after - 1 + 8],
+            "ttft": first - added if added else None,
+            "cached": cached,
+        }
+
+    rng = random.Random(5)
+    rows: dict[str, list[dict[str, Any]]] = {a: [] for a in ("base", "base2", "hit", "cold")}
+    measure("warm", 0)
+    for n in range(spec["rounds"]):
+        arms = list(rows)
+        rng.shuffle(arms)
+        for arm in arms:
+            rows[arm].append(measure(arm, n))
+    for r in rows["hit"]:
+        assert r["cached"] >= full - 1, f"the hit request was not a hit: {r['cached']} cached"
+    for r in rows["cold"]:
+        assert r["cached"] == 0, f"the cold request hit: {r['cached']} cached"
+    llm.llm_engine.engine_core.shutdown()
+    return {"rows": rows}
 
 
 def _wait_saves(timeout: float = 60.0) -> float:
@@ -1147,6 +1234,89 @@ def scenario_disk(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         print("    per engine run: " + ", ".join(f"{x:.2f}x" for x in per_run))
 
 
+def scenario_itl(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> None:
+    disk, stats = tmp / "kv-itl", tmp / "stats-itl"
+    tiers = [{"name": "disk", "backend": "disk", "options": {"path": str(disk)}}]
+    spec = {
+        **base,
+        # (a lookup slowed by the busy machine must not turn the hit into a miss)
+        "ktc": _ktc(
+            {"chunk_size": args.chunk_size, "tiers": tiers}, stats, lookup_deadline_ms=2000
+        ),
+        "prefix_caching": True,
+        "tokens": args.disk_chunks * args.chunk_size + 1,
+        "chunk_size": args.chunk_size,
+        "rounds": args.itl_rounds,
+        "decode_tokens": args.itl_start_after + args.itl_window + 2,
+        "start_after": args.itl_start_after,
+        "window": args.itl_window,
+        "disk": str(disk),
+    }
+    res = _run_child("itl", spec, tmp, in_process=True)
+    rows: dict[str, list[dict[str, Any]]] = res["rows"]
+    print(
+        f"itl: a decoding request's inter-token latency over the {args.itl_window} tokens "
+        f"after another request of {spec['tokens']} tokens arrives ({args.disk_chunks} chunks "
+        f"on a disk-only tier, page cache dropped: 'hit' loads them in the background; "
+        f"'cold' is a unique prompt of that length: prefilled and saved), "
+        f"{args.itl_rounds} rounds, arms in random order (in-process engine)"
+    )
+
+    def stat(arm: str, f: Any) -> list[float]:
+        return [f(r["itl"]) for r in rows[arm]]
+
+    for what, f in (
+        ("mean", statistics.fmean),
+        ("median", statistics.median),
+        ("max", max),
+    ):
+        per = {a: stat(a, f) for a in rows}
+        print(
+            f"  {what} ITL (ms, median of rounds): "
+            + ", ".join(f"{a} {statistics.median(v) * 1e3:.1f}" for a, v in per.items())
+        )
+        for arm in ("hit", "cold", "base2"):
+            ratio = [x / y for x, y in zip(per[arm], per["base"], strict=True)]
+            print(f"    {arm} / base: {_ci_text(ratio)} (per round {_spread(ratio)})")
+    for arm in ("hit", "cold"):
+        tt = [r["ttft"] for r in rows[arm]]
+        print(
+            f"  the arriving request's TTFT, {arm}: {statistics.median(tt) * 1e3:.0f} ms (median)"
+        )
+    for arm in ("base", "hit"):
+        n = min(len(r["hooks"]) for r in rows[arm])
+        names = sorted({k for r in rows[arm] for h in r["hooks"] for k in h})
+        hook_ms = [
+            {
+                k: statistics.median(r["hooks"][i].get(k, 0.0) for r in rows[arm]) * 1e3
+                for k in names
+            }
+            for i in range(n)
+        ]
+        print(
+            f"  {arm}: the connector's hooks in the first {n} gaps (ms, median of rounds): "
+            + "; ".join(
+                f"{i}: "
+                + (
+                    ", ".join(
+                        f"{k} {v:.1f}"
+                        for k, v in sorted(h.items(), key=lambda kv: -kv[1])
+                        if v >= 0.1
+                    )
+                    or "-"
+                )
+                for i, h in enumerate(hook_ms)
+            )
+        )
+    for arm in ("base", "hit"):
+        n = min(len(r["itl"]) for r in rows[arm])
+        line = [statistics.median(r["itl"][i] for r in rows[arm]) * 1e3 for i in range(n)]
+        print(
+            f"  {arm}: gap after each token from the arrival on (ms, median of rounds): "
+            + " ".join(f"{x:.1f}" for x in line)
+        )
+
+
 class _Server:
     """A child engine process taking miss measurements on request (see _child_serve)."""
 
@@ -1507,7 +1677,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--scenario", choices=("all", "hit", "disk", "miss"), default="all")
+    ap.add_argument("--scenario", choices=("all", "hit", "disk", "miss", "itl"), default="all")
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=2049)
     ap.add_argument("--pairs", type=int, default=25)
@@ -1542,6 +1712,16 @@ def main() -> int:
         "--disk-in-process",
         action="store_true",
         help="disk scenario: scheduler and worker in the driver process",
+    )
+    ap.add_argument("--itl-rounds", type=int, default=9, help="itl: rounds (every arm once)")
+    ap.add_argument(
+        "--itl-start-after",
+        type=int,
+        default=10,
+        help="itl: decoded tokens before the other request arrives",
+    )
+    ap.add_argument(
+        "--itl-window", type=int, default=40, help="itl: inter-token latencies measured"
     )
     ap.add_argument("--miss-tokens", type=int, default=1025)
     ap.add_argument("--batch-tokens", type=int, default=513)
@@ -1654,7 +1834,12 @@ def main() -> int:
         if args.child in ("serve", "hitserve"):
             (_child_serve if args.child == "serve" else _child_hitserve)(spec, args.out)
             return 0
-        fn = {"hit": _child_hit, "disk": _child_disk, "toggle": _child_toggle}[args.child]
+        fn = {
+            "hit": _child_hit,
+            "disk": _child_disk,
+            "toggle": _child_toggle,
+            "itl": _child_itl,
+        }[args.child]
         Path(args.out).write_text(json.dumps(fn(spec)))
         return 0
 
@@ -1674,6 +1859,7 @@ def main() -> int:
             ("hit", scenario_hit),
             ("disk", scenario_disk),
             ("miss", scenario_miss),
+            ("itl", scenario_itl),
         ):
             if args.scenario in ("all", name):
                 t0 = time.monotonic()
