@@ -366,20 +366,25 @@ def _child_itl(spec: dict[str, Any]) -> dict[str, Any]:
     """A decoding request's inter-token latency while another request arrives, per round
     in random order: ``base`` (nothing arrives), ``base2`` (the same: the A/A twin),
     ``hit`` (a request whose chunks are on disk only, page cache dropped: it loads in
-    the background) and ``cold`` (a unique prompt of the same length: prefilled, saved).
-    Every arm resets vLLM's prefix cache and drops the tier's files from the page cache
-    first, so all four start alike."""
+    the background), ``cold`` (a unique prompt of the same length: prefilled, saved) and,
+    with a cpu tier above the disk, ``memhit`` (a request whose chunks are in the cpu
+    tier: loaded before the forward pass, inside the step). Every arm resets vLLM's
+    prefix cache, empties the cpu tier and drops the disk tier's files from the page
+    cache first (``memhit`` then reads its chunks back into the cpu tier, unrecorded)."""
     from vllm import SamplingParams
     from vllm.distributed.kv_transfer import get_kv_transfer_group
     from vllm.inputs import TokensPrompt
 
     llm = _llm(spec)
     engine = llm.llm_engine
+    worker = _worker_side(get_kv_transfer_group())
     timer = _HookTimer(engine.engine_core.engine_core.scheduler.connector, get_kv_transfer_group())
-    (hit_prompt,) = _prompts(spec, 1, spec["tokens"], 21)
+    hit_prompt, mem_prompt = _prompts(spec, 2, spec["tokens"], 21)
     (dec_prompt,) = _prompts(spec, 1, 64, 22)
     fresh = iter(_prompts(spec, spec["rounds"] + 1, spec["tokens"], 23))
-    _ttft(llm, hit_prompt)  # cold: its chunks are stored on disk
+    with_cpu = spec["tiers"] == "cpu+disk"
+    _ttft(llm, hit_prompt)  # cold: their chunks are stored
+    _ttft(llm, mem_prompt)
     _ttft(llm, next(fresh))  # (a first cold prefill of this length, unrecorded)
     _wait_saves()
     full = (spec["tokens"] // spec["chunk_size"]) * spec["chunk_size"]
@@ -387,7 +392,20 @@ def _child_itl(spec: dict[str, Any]) -> dict[str, Any]:
     other_sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     after = spec["start_after"]
 
+    def loaded() -> tuple[int, int]:
+        """Chunks this worker loaded so far: before the forward pass, in the background."""
+        ld = worker.loads
+        return worker.counters.loaded_chunks, ld.loaded_chunks if ld is not None else 0
+
     def measure(arm: str, n: int) -> dict[str, Any]:
+        if with_cpu:
+            llm.reset_prefix_cache(reset_connector=True)
+            time.sleep(0.5)  # the worker clears its memory tier at its next step
+            _ttft(llm, list(range(5, 40)))  # (that step)
+            if arm == "memhit":
+                _drop_page_cache(spec["disk"])
+                _ttft(llm, mem_prompt)  # read back from disk into the cpu tier
+                _wait_saves()
         llm.reset_prefix_cache()
         _drop_page_cache(spec["disk"])
         dec, other = f"dec-{arm}-{n}", f"other-{arm}-{n}"
@@ -396,6 +414,7 @@ def _child_itl(spec: dict[str, Any]) -> dict[str, Any]:
         hooks: list[dict[str, float]] = []  # the connector's hook time at each token
         added = first = 0.0
         cached = -1
+        before = loaded()
         while engine.has_unfinished_requests():
             outs = engine.step()
             now = time.perf_counter()
@@ -405,11 +424,12 @@ def _child_itl(spec: dict[str, Any]) -> dict[str, Any]:
                     hooks.append(dict(timer.by_hook))
                 elif o.request_id == other and o.outputs[0].token_ids and not first:
                     first, cached = now, int(o.num_cached_tokens or 0)
-            if len(stamps) == after and not added and arm in ("hit", "cold"):
-                p = hit_prompt if arm == "hit" else next(fresh)
+            if len(stamps) == after and not added and arm in ("hit", "memhit", "cold"):
+                p = {"hit": hit_prompt, "memhit": mem_prompt}.get(arm) or next(fresh)
                 engine.add_request(other, TokensPrompt(prompt_token_ids=p), other_sp)
                 added = time.perf_counter()
         _wait_saves()
+        after_ = loaded()
         itl = [b - a for a, b in itertools.pairwise(stamps)]
         gaps = [
             {k: v - a.get(k, 0.0) for k, v in b.items() if v - a.get(k, 0.0) > 0}
@@ -420,18 +440,22 @@ def _child_itl(spec: dict[str, Any]) -> dict[str, Any]:
             "hooks": gaps[after - 1 : after - 1 + 8],
             "ttft": first - added if added else None,
             "cached": cached,
+            "sync_chunks": after_[0] - before[0],
+            "async_chunks": after_[1] - before[1],
         }
 
     rng = random.Random(5)
-    rows: dict[str, list[dict[str, Any]]] = {a: [] for a in ("base", "base2", "hit", "cold")}
+    names = ["base", "base2", "hit", "cold"] + (["memhit"] if with_cpu else [])
+    rows: dict[str, list[dict[str, Any]]] = {a: [] for a in names}
     measure("warm", 0)
     for n in range(spec["rounds"]):
         arms = list(rows)
         rng.shuffle(arms)
         for arm in arms:
             rows[arm].append(measure(arm, n))
-    for r in rows["hit"]:
-        assert r["cached"] >= full - 1, f"the hit request was not a hit: {r['cached']} cached"
+    for arm in ("hit", "memhit"):
+        for r in rows.get(arm, []):
+            assert r["cached"] >= full - 1, f"the {arm} request was not a hit: {r['cached']}"
     for r in rows["cold"]:
         assert r["cached"] == 0, f"the cold request hit: {r['cached']} cached"
     llm.llm_engine.engine_core.shutdown()
@@ -1235,14 +1259,18 @@ def scenario_disk(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
 
 
 def scenario_itl(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> None:
-    disk, stats = tmp / "kv-itl", tmp / "stats-itl"
-    tiers = [{"name": "disk", "backend": "disk", "options": {"path": str(disk)}}]
+    disk = tmp / "kv-itl"
+    tiers: list[dict[str, Any]] = [
+        {"name": "disk", "backend": "disk", "options": {"path": str(disk)}}
+    ]
+    if args.itl_tiers == "cpu+disk":
+        cpu = {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "2GiB"}}
+        tiers = [cpu, {**tiers[0], "write": {"policy": "through"}}]
     spec = {
         **base,
-        # (a lookup slowed by the busy machine must not turn the hit into a miss)
-        "ktc": _ktc(
-            {"chunk_size": args.chunk_size, "tiers": tiers}, stats, lookup_deadline_ms=2000
-        ),
+        # (no statistics file, as by default; a lookup slowed by the busy machine must
+        # not turn the hit into a miss)
+        "ktc": _ktc({"chunk_size": args.chunk_size, "tiers": tiers}, None, lookup_deadline_ms=2000),
         "prefix_caching": True,
         "tokens": args.disk_chunks * args.chunk_size + 1,
         "chunk_size": args.chunk_size,
@@ -1251,16 +1279,22 @@ def scenario_itl(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> N
         "start_after": args.itl_start_after,
         "window": args.itl_window,
         "disk": str(disk),
+        "tiers": args.itl_tiers,
     }
     res = _run_child("itl", spec, tmp, in_process=True)
     rows: dict[str, list[dict[str, Any]]] = res["rows"]
     print(
-        f"itl: a decoding request's inter-token latency over the {args.itl_window} tokens "
-        f"after another request of {spec['tokens']} tokens arrives ({args.disk_chunks} chunks "
-        f"on a disk-only tier, page cache dropped: 'hit' loads them in the background; "
-        f"'cold' is a unique prompt of that length: prefilled and saved), "
+        f"itl ({args.itl_tiers} tiers): a decoding request's inter-token latency over the "
+        f"{args.itl_window} tokens after another request of {spec['tokens']} tokens arrives "
+        f"({args.disk_chunks} chunks; 'hit': on disk only, page cache dropped; 'memhit': in "
+        f"the cpu tier; 'cold': a unique prompt of that length, prefilled and saved), "
         f"{args.itl_rounds} rounds, arms in random order (in-process engine)"
     )
+    others: list[str] = [a for a in ("hit", "memhit", "cold") if a in rows]
+    for arm in others:
+        sync = statistics.median(r["sync_chunks"] for r in rows[arm])
+        bg = statistics.median(r["async_chunks"] for r in rows[arm])
+        print(f"  {arm}: chunks loaded before the forward pass {sync}, in the background {bg}")
 
     def stat(arm: str, f: Any) -> list[float]:
         return [f(r["itl"]) for r in rows[arm]]
@@ -1275,15 +1309,15 @@ def scenario_itl(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> N
             f"  {what} ITL (ms, median of rounds): "
             + ", ".join(f"{a} {statistics.median(v) * 1e3:.1f}" for a, v in per.items())
         )
-        for arm in ("hit", "cold", "base2"):
+        for arm in [*others, "base2"]:
             ratio = [x / y for x, y in zip(per[arm], per["base"], strict=True)]
             print(f"    {arm} / base: {_ci_text(ratio)} (per round {_spread(ratio)})")
-    for arm in ("hit", "cold"):
+    for arm in others:
         tt = [r["ttft"] for r in rows[arm]]
         print(
             f"  the arriving request's TTFT, {arm}: {statistics.median(tt) * 1e3:.0f} ms (median)"
         )
-    for arm in ("base", "hit"):
+    for arm in ("base", *[a for a in others if a != "cold"]):
         n = min(len(r["hooks"]) for r in rows[arm])
         names = sorted({k for r in rows[arm] for h in r["hooks"] for k in h})
         hook_ms = [
@@ -1308,7 +1342,7 @@ def scenario_itl(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> N
                 for i, h in enumerate(hook_ms)
             )
         )
-    for arm in ("base", "hit"):
+    for arm in ("base", *[a for a in others if a != "cold"]):
         n = min(len(r["itl"]) for r in rows[arm])
         line = [statistics.median(r["itl"][i] for r in rows[arm]) * 1e3 for i in range(n)]
         print(
@@ -1722,6 +1756,12 @@ def main() -> int:
     )
     ap.add_argument(
         "--itl-window", type=int, default=40, help="itl: inter-token latencies measured"
+    )
+    ap.add_argument(
+        "--itl-tiers",
+        choices=("disk", "cpu+disk"),
+        default="cpu+disk",
+        help="itl: the connector's tiers (cpu+disk adds the arm 'memhit': a cpu-tier hit)",
     )
     ap.add_argument("--miss-tokens", type=int, default=1025)
     ap.add_argument("--batch-tokens", type=int, default=513)

@@ -235,6 +235,34 @@ def test_a_deferred_get_promotes_only_when_the_caller_says_so() -> None:
     assert asyncio.run(run(False)) == [True, True, False, False, True, True]
 
 
+def test_a_promotion_tells_its_listener_once_the_top_tier_holds_the_chunk() -> None:
+    """``promote(on_top_stored=fn)``: ``fn(True)`` runs once, when the top tier's store
+    ran, with the chunk already there."""
+    k = make_key(11)
+    v = random_tensor((2 * MiB,), torch.uint8, seed=5)
+
+    async def run() -> list[object]:
+        seen: list[object] = []
+        async with TieredHierarchy.from_config(_two_cpu_tiers(True)) as h:
+            top, low = h.tiers[0].backend, h.tiers[1].backend
+            assert await low.put(k, v)
+            out = torch.empty(2 * MiB, dtype=torch.uint8)
+            hit, promote_fn = await h.get_into_deferred(k, out)
+            assert hit and promote_fn is not None
+            calls: list[tuple[bool, bool]] = []
+
+            def stored(ok: bool) -> None:  # (on the loop, right after the store)
+                held = list(top.keys())
+                calls.append((ok, k in held))
+
+            await promote_fn(on_top_stored=stored)
+            await h.flush()
+            seen.append(calls)
+        return seen
+
+    assert asyncio.run(run()) == [[(True, True)]]
+
+
 def test_chunk_buffers_fill_ahead_with_page_aligned_memory_that_take_reuses() -> None:
     from lmcache_core.integrations.vllm.staging import ChunkBuffers
 

@@ -385,13 +385,30 @@ class Tier:
             return False
         return True
 
-    def enqueue(self, key: CacheEngineKey, chunk: StagedChunk, kind: str) -> None:
-        """Queue a background store (call :meth:`accepting` first)."""
-        self.writer.enqueue(key, chunk, kind)
+    def enqueue(
+        self,
+        key: CacheEngineKey,
+        chunk: StagedChunk,
+        kind: str,
+        on_stored: Callable[[bool], None] | None = None,
+    ) -> None:
+        """Queue a background store (call :meth:`accepting` first). ``on_stored(ok)`` runs
+        on the loop right after the store ran, before any later store (which could evict
+        the chunk again); not at all for a store dropped unrun (queue closed)."""
+        self.writer.enqueue(key, chunk, kind, on_stored)
+
+    @staticmethod
+    def _notify(job: WriteJob, ok: bool) -> None:
+        for fn in job.on_stored:
+            try:
+                fn(ok)
+            except Exception:
+                log.exception("a store listener failed for %s", job.key)
 
     async def _store_job(self, job: WriteJob) -> None:
         if not await self._ready():
             self.stats.drop("tier_failing")
+            self._notify(job, False)
             return
         t0 = time.perf_counter()
         value = job.chunk.value
@@ -406,6 +423,7 @@ class Tier:
         except Exception as exc:
             self.stats.store_failures += 1
             self._failed("store", exc)
+            self._notify(job, False)
             return
         self._succeeded()
         self.stats.store_latency.add(time.perf_counter() - t0)
@@ -416,6 +434,8 @@ class Tier:
         persistent tiers without a codec batch them, see ``__init__``)."""
         if not await self._ready():
             self.stats.drop("tier_failing", len(jobs))
+            for job in jobs:
+                self._notify(job, False)
             return
         t0 = time.perf_counter()
         try:
@@ -425,6 +445,8 @@ class Tier:
         except Exception as exc:
             self.stats.store_failures += len(jobs)
             self._failed("store", exc)
+            for job in jobs:
+                self._notify(job, False)
             return
         self._succeeded()
         dt = time.perf_counter() - t0
@@ -447,6 +469,7 @@ class Tier:
                 self.stats.promotions += 1
         else:
             self.stats.store_failures += 1
+        self._notify(job, ok)
 
     async def put_now(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
         """A store awaited by the caller (the top tier's)."""

@@ -62,7 +62,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -92,12 +92,18 @@ from .tier import Tier
 if TYPE_CHECKING:
     from ..placement.wiring import ChainBook
 
-__all__ = ["EvictionListener", "PrefixLookup", "Reservation", "TieredHierarchy"]
+__all__ = ["EvictionListener", "PrefixLookup", "Promotion", "Reservation", "TieredHierarchy"]
 
 #: ``listener(tier_name, key)``: called after ``key`` was evicted from that tier for capacity.
 EvictionListener = Callable[[str, CacheEngineKey], None]
 
 log = logging.getLogger("lmcache_core.hierarchy")
+
+
+class Promotion(Protocol):
+    """What :meth:`TieredHierarchy.get_into_deferred` hands back for a lower tier's hit."""
+
+    def __call__(self, on_top_stored: Callable[[bool], None] | None = None) -> Awaitable[None]: ...
 
 
 @dataclass(frozen=True)
@@ -570,14 +576,16 @@ class TieredHierarchy(BaseBackend):
 
     async def get_into_deferred(
         self, key: CacheEngineKey, out: torch.Tensor
-    ) -> tuple[bool, Callable[[], Awaitable[None]] | None]:
+    ) -> tuple[bool, Promotion | None]:
         """:meth:`get_into`, leaving the promotion of a lower tier's hit to the caller.
 
         Returns whether ``key`` was loaded and, for a hit that :meth:`get_into` would
         have promoted, ``promote``: await ``promote()`` on this hierarchy's loop while
         ``out`` still holds the chunk (it copies from ``out``), after whatever the caller
         wants done first (the vLLM connector copies the chunk into vLLM's blocks and
-        reports it before promoting); not calling it promotes nothing."""
+        reports it before promoting); not calling it promotes nothing.
+        ``promote(on_top_stored=fn)``: ``fn(ok)`` runs on the loop once the top tier's
+        background store of the chunk ran (never when the top tier does not take it)."""
         self._check()
         _check_key(key)
         _check_out(out)
@@ -659,8 +667,16 @@ class TieredHierarchy(BaseBackend):
         src.known.add(key)
         return src.cfg.promote
 
-    async def _copy_up(self, key: CacheEngineKey, value: torch.Tensor, src: Tier) -> None:
-        """Copy a chunk found in ``src`` into the top tier and the through tiers above ``src``."""
+    async def _copy_up(
+        self,
+        key: CacheEngineKey,
+        value: torch.Tensor,
+        src: Tier,
+        on_top_stored: Callable[[bool], None] | None = None,
+    ) -> None:
+        """Copy a chunk found in ``src`` into the top tier and the through tiers above ``src``;
+        ``on_top_stored(ok)`` once the top tier's store ran (see :meth:`Tier.enqueue`; not
+        called when the top tier does not take the chunk)."""
         nbytes = _nbytes(value)
         targets = [
             t
@@ -673,7 +689,7 @@ class TieredHierarchy(BaseBackend):
             return
         chunk = await self._stage(value)
         for t in targets:
-            t.enqueue(key, chunk, "promote")
+            t.enqueue(key, chunk, "promote", on_top_stored if t.index == 0 else None)
         chunk.release()
 
     async def _stage(self, value: torch.Tensor) -> StagedChunk:

@@ -33,12 +33,14 @@ log = logging.getLogger("lmcache_core.hierarchy")
 
 @dataclass
 class WriteJob:
-    """One pending store: ``kind`` is ``through``, ``back`` or ``promote``."""
+    """One pending store: ``kind`` is ``through``, ``back`` or ``promote``;
+    ``on_stored``: called with the outcome once the store ran (the tier calls them)."""
 
     key: CacheEngineKey
     chunk: StagedChunk
     kind: str
     enqueued_at: float = field(default_factory=time.monotonic)
+    on_stored: list[Callable[[bool], None]] = field(default_factory=list)
 
 
 class WriteQueue:
@@ -110,12 +112,24 @@ class WriteQueue:
         job = self._queued.get(key) or self._running_jobs.get(key)
         return None if job is None else job.chunk.value
 
-    def enqueue(self, key: CacheEngineKey, chunk: StagedChunk, kind: str) -> bool:
-        """Queue a store of ``chunk`` (retained here); ``False`` if ``key`` is already pending."""
-        if key in self._queued:
+    def enqueue(
+        self,
+        key: CacheEngineKey,
+        chunk: StagedChunk,
+        kind: str,
+        on_stored: Callable[[bool], None] | None = None,
+    ) -> bool:
+        """Queue a store of ``chunk`` (retained here); ``False`` if ``key`` is already pending
+        (``on_stored`` then waits for the pending store's outcome)."""
+        pending = self._queued.get(key)
+        if pending is not None:
             self._stats.coalesced_stores += 1
+            if on_stored is not None:
+                pending.on_stored.append(on_stored)
             return False
-        self._queued[key] = WriteJob(key, chunk.retain(), kind)
+        self._queued[key] = WriteJob(
+            key, chunk.retain(), kind, on_stored=[on_stored] if on_stored is not None else []
+        )
         self._idle.clear()
         self._has_work.set()
         if len(self._workers) < self.concurrency:

@@ -160,8 +160,10 @@ def test_background_load_from_a_shared_tier_and_abort_while_waiting(
     _wait_for(lambda: h.worker_side.stats()["load_warm_seconds"] >= 0)
 
     # Abort while waiting: the blocks come back through get_finished, nothing is saved.
+    # (The load promoted A's chunks into the memory tier, so a request for A would now
+    # load them before the forward pass: clear that tier to load from disk again.)
     free_before = h.sched.kv_cache_manager.block_pool.get_num_free_blocks()
-    assert h.sched.reset_prefix_cache()
+    assert h.sched.reset_prefix_cache(reset_connector=True)
     h.add("r2", A + Y)
     _step_until_async_load(h, "r2")
     assert h.sched.requests["r2"].status == RequestStatus.WAITING_FOR_REMOTE_KVS

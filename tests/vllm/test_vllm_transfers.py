@@ -407,9 +407,9 @@ def test_a_background_load_reports_a_lower_tier_hit_before_promoting_it(setup: A
     gate = threading.Event()
     real = h._copy_up  # (what get_into_deferred's promote runs)
 
-    async def held_copy_up(*args: Any) -> None:
+    async def held_copy_up(*args: Any, **kw: Any) -> None:
         await asyncio.to_thread(gate.wait, 10.0)
-        await real(*args)
+        await real(*args, **kw)
 
     h._copy_up = held_copy_up  # type: ignore[method-assign]
     dst_views = caches("cpu", "LBHNC")

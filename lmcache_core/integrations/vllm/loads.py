@@ -10,7 +10,10 @@ overlap the reads still running, and the engine's steps never wait for either. A
 found below the memory tier is promoted into it from the same staging buffer only after
 the whole load is over (or when staging buffers run short), so promotions neither delay
 ``get_finished`` nor compete with the load's reads
-(``TieredHierarchy.get_into_deferred``). Each step's :meth:`AsyncLoads.poll` (from
+(``TieredHierarchy.get_into_deferred``); once a promotion's store into the memory tier
+has run, the chunk is handed to the worker (:meth:`AsyncLoads.take_promoted`), which
+reports it to the scheduler as held in memory, as it reports its own saves: a later hit
+on it loads before the forward pass instead of in the background. Each step's :meth:`AsyncLoads.poll` (from
 ``get_finished``) collects what is done, starts fetches as staging buffers come back,
 and reports the requests whose load is over.
 
@@ -35,13 +38,13 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ...hierarchy.tiered import PrefixLookup
+from ...hierarchy.tiered import PrefixLookup, Promotion
 from ...keys import CacheEngineKey
 from .group_copier import GroupedCopier
 from .layout import BlockCopier
@@ -80,9 +83,7 @@ class _Job:
     spans: dict[str, float] = field(default_factory=dict)
     reported: set[int] = field(default_factory=set)  # chunks reported in done
     #: promotions waiting for the load to be over, each with its parked staging buffer
-    promotions: list[tuple[Callable[[], Awaitable[None]], list[torch.Tensor]]] = field(
-        default_factory=list
-    )
+    promotions: list[tuple[int, Promotion, list[torch.Tensor]]] = field(default_factory=list)
     finished: bool = False  # set under the stats lock when poll reports it
     looked_up: float = 0.0  # when the lookup finished (IO loop)
 
@@ -112,8 +113,13 @@ class AsyncLoads:
         deadline_s: float,
         block_nbytes: int,
         defer_promotion: bool = True,
+        after_promotion: Callable[[CacheEngineKey], Any] | None = None,
     ) -> None:
         self.storage = storage
+        #: ``after_promotion(key)`` runs on the IO loop right after a promoted chunk is in
+        #: the memory tier (before a later store can evict it); see :meth:`take_promoted`
+        self.after_promotion = after_promotion
+        self._promoted: list[tuple[int, int, Any]] = []
         #: promote a lower tier's hit after its copy into vLLM's blocks (``False``: before)
         self.defer_promotion = defer_promotion
         self.buffers = buffers
@@ -286,7 +292,7 @@ class AsyncLoads:
                 loop = asyncio.get_running_loop()
                 ok = await loop.run_in_executor(self._scatter_pool, self._scatter, job, i, buf, t1)
             if ok and promote is not None:
-                self._park(job, promote, held)
+                self._park(job, i, promote, held)
             else:
                 self._give(held)
             self._report(job, i, ok)
@@ -294,9 +300,7 @@ class AsyncLoads:
             self._give(held)  # (no-op when given above)
             self._report(job, i, False)  # (no-op when reported above)
 
-    def _park(
-        self, job: _Job, promote: Callable[[], Awaitable[None]], held: list[torch.Tensor]
-    ) -> None:
+    def _park(self, job: _Job, i: int, promote: Promotion, held: list[torch.Tensor]) -> None:
         """Keep a loaded chunk's promotion (and its staging buffer) until the load is over,
         so promotions never compete with the load's own reads and copies; at once when
         the load is already over."""
@@ -304,7 +308,7 @@ class AsyncLoads:
             parked = [held.pop()] if held else []
             if not parked:
                 return
-            job.promotions.append((promote, parked))
+            job.promotions.append((i, promote, parked))
             late = job.finished
         if late:
             self._start_promotions(job)
@@ -313,24 +317,44 @@ class AsyncLoads:
         """Run ``job``'s parked promotions on the IO loop; each gives its buffer back."""
         with self._stats_lock:
             todo, job.promotions = job.promotions, []
-        for promote, parked in todo:
+        for i, promote, parked in todo:
             try:
-                self.storage.submit(self._promote(job, promote, parked))
+                self.storage.submit(self._promote(job, i, promote, parked))
             except RuntimeError:  # the IO loop has stopped: nothing to promote into
                 self._give(parked)
 
     async def _promote(
-        self, job: _Job, promote: Callable[[], Awaitable[None]], parked: list[torch.Tensor]
+        self, job: _Job, i: int, promote: Promotion, parked: list[torch.Tensor]
     ) -> None:
         t0 = time.perf_counter()
         try:
-            await promote()
+            await promote(on_top_stored=self._on_promoted(job.keys[i], job.loads[i]))
         except Exception as exc:  # a failed promotion costs a later hit, no more
             log.debug("promoting a loaded chunk failed: %s", exc)
         finally:
             self._give(parked)
             self._span(job, "promote", time.perf_counter() - t0)
             self.promoted += 1
+
+    def _on_promoted(self, key: CacheEngineKey, ld: ChunkLoad) -> Callable[[bool], None]:
+        """The listener of a promotion's store into the memory tier (runs on the IO loop)."""
+
+        def stored(ok: bool) -> None:
+            if not ok:
+                return
+            extra = self.after_promotion(key) if self.after_promotion is not None else None
+            with self._stats_lock:
+                self._promoted.append((ld.chunk_hash, ld.chunk_index, extra))
+
+        return stored
+
+    def take_promoted(self) -> list[tuple[int, int, Any]]:
+        """``(hash, chunk index, after_promotion result)`` of the chunks whose promotion
+        into the memory tier completed since the last call (the worker reports them as
+        stored there, as it does its own saves)."""
+        with self._stats_lock:
+            out, self._promoted = self._promoted, []
+        return out
 
     def _scatter(self, job: _Job, i: int, buf: torch.Tensor, read_done: float) -> bool:
         """Copy a fetched chunk into the request's blocks, unless the load is over."""

@@ -211,15 +211,17 @@ class WorkerSide:
         chunk_bytes = self.copier.block_nbytes * self.ctx.blocks_per_chunk
         n = max(4, opts.max_staging_bytes // chunk_bytes)
         self._sync_buffers = ChunkBuffers(shape, self.copier.dtype, n // 4)
+        self._report_stored = self.storage.top_is_private_memory
+        pin = self._fail_policy and self._report_stored
         self.loads = AsyncLoads(
             self.storage,
             ChunkBuffers(shape, self.copier.dtype, n // 4),
             self.copier,
             deadline_s=opts.load_deadline_s,
             block_nbytes=self.copier.block_nbytes,
+            # (promoted chunks are reported like saved ones, pinned the same way)
+            after_promotion=self._pin_stored if pin else None,
         )
-        self._report_stored = self.storage.top_is_private_memory
-        pin = self._fail_policy and self._report_stored
         self.saves = SaveQueue(
             self.storage,
             ChunkBuffers(shape, self.copier.dtype, n - 2 * (n // 4)),
@@ -651,6 +653,8 @@ class WorkerSide:
         if self.saves is None:
             return
         stored = self.saves.take_stored()
+        if self.loads is not None:
+            stored.extend(self.loads.take_promoted())
         if stored and self._report_stored:
             hashes = []
             # Later chunks first: of chunks stored together, the first of a prompt is then
