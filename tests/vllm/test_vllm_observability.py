@@ -448,6 +448,14 @@ def test_a_chunk_promoted_from_disk_is_then_a_memory_hit_loaded_before_the_forwa
     assert w["failed_chunks"] == 0 and h.scheduler_side.stats()["load_failures"] == 0
     found, wrong = h.stored_chunks([A])
     assert found == 3 and not wrong
+    # a reset drops every pin the worker held on them (policy fail) and forgets them
+    assert h.sched.reset_prefix_cache(reset_connector=True)
+    h.step()
+    while h._inflight:
+        h._deliver()
+    top = h.worker_side.storage.hierarchy.tiers[0].backend
+    assert not list(top.keys()) and top.stats().get("pinned_entries", 0) == 0
+    assert h.scheduler_side.stats()["index_chunks"] == 0
 
 
 def test_reset_cache_deletes_from_shared_tiers_when_asked(

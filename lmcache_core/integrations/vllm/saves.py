@@ -199,8 +199,12 @@ class SaveQueue:
                 ok = bool(await self.storage.hierarchy.put(item.key, buf))
             dt = time.perf_counter() - t0
             self.store_seconds += dt
-            if ok and len(self._observations) < 4096:
-                self._observations.append((self.buffers.nbytes, dt))  # list.append: atomic
+            if ok:
+                # (under the lock: take_observations swaps the list from another thread,
+                # and an append to the old list after the swap would be lost)
+                with self._lock:
+                    if len(self._observations) < 4096:
+                        self._observations.append((self.buffers.nbytes, dt))
             extra = self.after_store(item.key) if ok and self.after_store is not None else None
         finally:  # (cancelled or failed: refused)
             self._finish(item, ok, extra)

@@ -113,6 +113,9 @@ class WorkerSide:
         self._load_step = -1  # the last step whose loads started
         self._idle = False  # the current step computes nothing
         self._evicted: list[int] = []
+        # (appended from any thread, taken on vLLM's: swapping the list without the lock
+        # could lose an append made to the old list between its lookup and its call)
+        self._evicted_lock = threading.Lock()
         self._fail_policy = ctx.failure_policy != "recompute"
         self._report_stored = True
         self._offered: OrderedDict[int, tuple[object, int]] = OrderedDict()  # handle, chunk
@@ -261,7 +264,8 @@ class WorkerSide:
         return self.storage.pin_top([key])[0]
 
     def _on_evicted(self, key: CacheEngineKey) -> None:
-        self._evicted.append(key.chunk_hash)  # any thread: list.append is atomic
+        with self._evicted_lock:  # any thread
+            self._evicted.append(key.chunk_hash)
 
     def _disable(self, reason: str) -> None:
         self.disabled = reason
@@ -299,17 +303,22 @@ class WorkerSide:
         land after it), drop every pin, and clear the private tiers."""
         if self.storage is None:
             return
+        unreported = []  # stored or promoted before the reset: never reported, unpinned
         if self.saves is not None:
             self.saves.wait_gathers()
             self.saves.drain(self.storage.drain_timeout_s)
-            self.saves.take_stored()  # stored before the reset: not reported
+            unreported += self.saves.take_stored()
+        if self.loads is not None:
+            unreported += self.loads.take_promoted()
         handles = [h for h, _ in self._offered.values()] + list(self._withdrawing.values())
+        handles += [x for _, _, x in unreported if x is not None]
         self._offered.clear()
         self._withdrawing.clear()
         self._to_release.clear()
         if handles:
             self.storage.unpin_top(handles)
-        self._evicted.clear()
+        with self._evicted_lock:
+            self._evicted.clear()
         try:
             removed = self.storage.clear_private()
         except Exception:
@@ -696,7 +705,8 @@ class WorkerSide:
     def take_report(self) -> WorkerReport | None:
         self._collect_stores()
         if self._evicted:
-            evicted, self._evicted = self._evicted, []
+            with self._evicted_lock:
+                evicted, self._evicted = self._evicted, []
             self._report.evicted.setdefault(self.rank, []).extend(evicted)
         report, self._report = self._report, WorkerReport()
         report.step = self._step
