@@ -275,6 +275,33 @@ def test_backpressure_by_queue_latency() -> None:
     run_async(body())
 
 
+def test_a_promotion_listener_hears_whether_the_top_tier_stored_the_chunk() -> None:
+    """``promote(on_top_stored=fn)`` when the top tier's store fails: ``fn(False)``, and
+    nothing is in the tier; once the tier works again, ``fn(True)`` with the chunk there."""
+
+    async def body() -> None:
+        flaky = {"name": "hot", "backend": "flaky", "options": {"max_bytes": "64MiB"},
+                 "retry_backoff_ms": 20}  # fmt: skip
+        async with hierarchy(flaky, cpu("warm")) as h:
+            hot = h.tier("hot").backend
+            key, value = make_key("pl"), chunk(21)
+            await h.tier("warm").backend.put(key, value)
+            heard: list[bool] = []
+            for failing in (True, False):
+                out = torch.empty_like(value)
+                hit, promote = await h.get_into_deferred(key, out)
+                assert hit and same_bits(out, value) and promote is not None
+                hot.failing = failing  # (the store fails, not the load)
+                await promote(on_top_stored=heard.append)
+                await h.flush()
+                hot.failing = False
+                assert await in_tier(h, "hot", key) is (not failing)
+                await asyncio.sleep(0.1)  # (past the failed tier's back-off)
+            assert heard == [False, True]
+
+    run_async(body())
+
+
 # ---------------------------------------------------------------------------- deadlines
 def test_load_deadline_turns_a_slow_tier_into_misses() -> None:
     async def body() -> None:
