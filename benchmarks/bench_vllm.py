@@ -38,12 +38,15 @@ Scenarios (``--scenario``, default all), on the demo's model (8-layer float32 Ll
 * ``itl``: what a request arriving in the middle of another's decoding costs that
   decoding request: its inter-token latencies over the ``--itl-window`` tokens after the
   arrival, per round in random order with nothing arriving (``base``, and ``base2``, the
-  A/A twin), a request of ``--disk-chunks`` chunks that hits a disk-only tier (page
-  cache dropped: the connector loads it in the background, ``hit``), and a unique prompt
-  of that length (prefilled and saved, ``cold``); ratios of each arm's mean, median and
-  largest gap to ``base``'s, and the arriving request's TTFT. No target: it shows what
-  loading off the step buys against a cold prefill and what the background load still
-  costs the decoding request on shared cores.
+  A/A twin), a request of ``--disk-chunks`` chunks found on disk only (page cache
+  dropped: the connector loads it in the background, ``hit``), the same found in the
+  cpu tier (``memhit``, with ``--itl-tiers cpu+disk``, the default: its chunks were read
+  back from disk and promoted just before, so it loads before the forward pass), and a
+  unique prompt of that length (prefilled and saved, ``cold``); ratios of each arm's
+  mean, median and largest gap to ``base``'s, the arriving request's TTFT, the gaps one
+  by one and the connector's hook time in the first gaps. No target: it shows what
+  loading off the step buys against a cold prefill and what a load still costs the
+  decoding request on shared cores.
 
 Verdicts: ``met`` when the median's 95% interval lies at or under the target, ``not
 met`` when it lies above, ``within noise`` otherwise, and also when the A/A median's
@@ -445,7 +448,7 @@ def _child_itl(spec: dict[str, Any]) -> dict[str, Any]:
         }
 
     rng = random.Random(5)
-    names = ["base", "base2", "hit", "cold"] + (["memhit"] if with_cpu else [])
+    names = ["base", "base2", "hit", "cold"] + (["memhit"] if spec["memhit"] else [])
     rows: dict[str, list[dict[str, Any]]] = {a: [] for a in names}
     measure("warm", 0)
     for n in range(spec["rounds"]):
@@ -1263,6 +1266,8 @@ def scenario_itl(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> N
     tiers: list[dict[str, Any]] = [
         {"name": "disk", "backend": "disk", "options": {"path": str(disk)}}
     ]
+    if args.itl_no_promote:
+        tiers[0]["promote"] = False
     if args.itl_tiers == "cpu+disk":
         cpu = {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "2GiB"}}
         tiers = [cpu, {**tiers[0], "write": {"policy": "through"}}]
@@ -1280,11 +1285,13 @@ def scenario_itl(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> N
         "window": args.itl_window,
         "disk": str(disk),
         "tiers": args.itl_tiers,
+        # (the cpu tier's hit: its chunks are promoted there by a load from disk)
+        "memhit": args.itl_tiers == "cpu+disk" and not args.itl_no_promote,
     }
     res = _run_child("itl", spec, tmp, in_process=True)
     rows: dict[str, list[dict[str, Any]]] = res["rows"]
     print(
-        f"itl ({args.itl_tiers} tiers): a decoding request's inter-token latency over the "
+        f"itl ({args.itl_tiers} tiers{', no promotion' if args.itl_no_promote else ''}): a decoding request's inter-token latency over the "
         f"{args.itl_window} tokens after another request of {spec['tokens']} tokens arrives "
         f"({args.disk_chunks} chunks; 'hit': on disk only, page cache dropped; 'memhit': in "
         f"the cpu tier; 'cold': a unique prompt of that length, prefilled and saved), "
@@ -1762,6 +1769,11 @@ def main() -> int:
         choices=("disk", "cpu+disk"),
         default="cpu+disk",
         help="itl: the connector's tiers (cpu+disk adds the arm 'memhit': a cpu-tier hit)",
+    )
+    ap.add_argument(
+        "--itl-no-promote",
+        action="store_true",
+        help="itl: the disk tier's hits are not promoted into the cpu tier (no 'memhit')",
     )
     ap.add_argument("--miss-tokens", type=int, default=1025)
     ap.add_argument("--batch-tokens", type=int, default=513)

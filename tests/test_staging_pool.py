@@ -263,6 +263,46 @@ def test_a_promotion_tells_its_listener_once_the_top_tier_holds_the_chunk() -> N
     assert asyncio.run(run()) == [[(True, True)]]
 
 
+def test_a_promotion_into_a_full_top_tier_reuses_its_recycled_memory() -> None:
+    """A top tier that evicted (so it holds recycled buffers) takes a promoted chunk into
+    one of them: bit-exact, published when the promotion returns, listener told, and no
+    buffer taken from the hierarchy's staging pool (which would be fresh memory)."""
+    keys = [make_key(30 + i) for i in range(3)]
+    values = [random_tensor((2 * MiB,), torch.uint8, seed=40 + i) for i in range(3)]
+    cfg = {
+        "tiers": [
+            {"name": "top", "backend": "cpu", "options": {"max_bytes": "5MiB"}},  # two chunks
+            {"name": "low", "backend": "cpu", "options": {"max_bytes": "64MiB"}},
+        ]
+    }
+
+    async def run() -> list[object]:
+        async with TieredHierarchy.from_config(cfg) as h:
+            top, low = h.tiers[0].backend, h.tiers[1].backend
+            for k, v in zip(keys, values, strict=True):
+                assert await h.put(k, v)
+            await h.flush()
+            assert not await top.contains(keys[0])  # evicted: its buffer recycled
+            takes: list[int] = []
+            real_take = h.pool.take
+
+            def counted(nbytes: int) -> torch.Tensor:
+                takes.append(nbytes)
+                return real_take(nbytes)
+
+            h.pool.take = counted  # type: ignore[method-assign]
+            out = torch.empty(2 * MiB, dtype=torch.uint8)
+            hit, promote = await h.get_into_deferred(keys[0], out)
+            assert hit and promote is not None and await low.contains(keys[0])
+            heard: list[bool] = []
+            await promote(on_top_stored=heard.append)
+            got = torch.empty(2 * MiB, dtype=torch.uint8)
+            exact = await top.get_into(keys[0], got) and torch.equal(got, values[0])
+            return [heard, exact, takes, h.tiers[0].stats.promotions]
+
+    assert asyncio.run(run()) == [[True], True, [], 1]
+
+
 def test_chunk_buffers_fill_ahead_with_page_aligned_memory_that_take_reuses() -> None:
     from lmcache_core.integrations.vllm.staging import ChunkBuffers
 

@@ -687,10 +687,53 @@ class TieredHierarchy(BaseBackend):
         ]
         if not targets:
             return
+        if targets[0].index == 0 and await self._promote_reserved(key, value, on_top_stored):
+            targets = targets[1:]  # the top tier holds it now (the listener heard)
+            if not targets:
+                return
         chunk = await self._stage(value)
         for t in targets:
             t.enqueue(key, chunk, "promote", on_top_stored if t.index == 0 else None)
         chunk.release()
+
+    async def _promote_reserved(
+        self,
+        key: CacheEngineKey,
+        value: torch.Tensor,
+        on_top_stored: Callable[[bool], None] | None,
+    ) -> bool:
+        """Promote ``value`` into memory the top tier already has (a recycled buffer, so no
+        fresh page faults: a staged copy would take a buffer of the hierarchy's pool, which
+        the top tier then keeps, so the pool faults in new memory for every promoted chunk)
+        and publish it there at once. ``False``, with nothing done, when the top tier has no
+        recycled buffer of this size to lend (or cannot lend): the caller stages a copy."""
+        if not value.is_contiguous() or value.device.type != "cpu":
+            return False
+        res = self.reserve_in_top_threadsafe(value.dtype, value.shape, fresh=False)
+        if res is None:
+            return False
+        top = self.tiers[0]
+        nbytes = _nbytes(value)
+        stored = False
+        try:
+            await self.budget.copy(res.value, value)
+            # (no admission check: a staged promotion's store never had one either)
+            stored, _ = top.commit_reserved(key, res.handle, nbytes, False)
+            res.ended()
+        except asyncio.CancelledError:
+            res.abort(reusable=False)  # the copy's thread may still write into it
+            raise
+        finally:
+            res.abort()  # (a no-op once committed)
+        if stored:
+            top.stats.promotions += 1
+            top.known.add(key)
+        if on_top_stored is not None:
+            try:
+                on_top_stored(stored)
+            except Exception:
+                log.exception("a store listener failed for %s", key)
+        return True
 
     async def _stage(self, value: torch.Tensor) -> StagedChunk:
         buf = self.pool.take_like(value)
