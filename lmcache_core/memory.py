@@ -72,9 +72,7 @@ def copy_tensor(dst: torch.Tensor, src: torch.Tensor) -> None:
         and dst.is_contiguous()
         and src.is_contiguous()
     ):
-        n = dst.nbytes
-        if n:
-            _memmove(dst.data_ptr(), src.data_ptr(), n)
+        copy_into(dst, src)
         return
     with torch.inference_mode():
         dst.copy_(src)

@@ -37,7 +37,7 @@ from .writer import WriteJob, WriteQueue
 if TYPE_CHECKING:
     from ..placement.wiring import TierPlacement
 
-__all__ = ["Tier"]
+__all__ = ["Tier", "notify_stored"]
 
 log = logging.getLogger("lmcache_core.hierarchy")
 T = TypeVar("T")
@@ -64,6 +64,18 @@ class _Release:
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def notify_stored(
+    listeners: Sequence[Callable[[bool], None]], key: CacheEngineKey, ok: bool
+) -> None:
+    """Tell each store listener (:meth:`Tier.enqueue`'s ``on_stored``) the outcome; a
+    listener that raises is logged and never breaks the store's bookkeeping."""
+    for fn in listeners:
+        try:
+            fn(ok)
+        except Exception:
+            log.exception("a store listener failed for %s", key)
 
 
 class Tier:
@@ -399,11 +411,7 @@ class Tier:
 
     @staticmethod
     def _notify(job: WriteJob, ok: bool) -> None:
-        for fn in job.on_stored:
-            try:
-                fn(ok)
-            except Exception:
-                log.exception("a store listener failed for %s", job.key)
+        notify_stored(job.on_stored, job.key, ok)
 
     async def _store_job(self, job: WriteJob) -> None:
         if not await self._ready():

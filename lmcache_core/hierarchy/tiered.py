@@ -87,7 +87,7 @@ from ..memory import copy_tensor
 from .leases import LeaseTable
 from .staging import CopyBudget, StagedChunk, StagingPool
 from .stats import LatencyReservoir, StatsFileWriter
-from .tier import Tier
+from .tier import Tier, notify_stored
 
 if TYPE_CHECKING:
     from ..placement.wiring import ChainBook
@@ -729,10 +729,7 @@ class TieredHierarchy(BaseBackend):
             top.stats.promotions += 1
             top.known.add(key)
         if on_top_stored is not None:
-            try:
-                on_top_stored(stored)
-            except Exception:
-                log.exception("a store listener failed for %s", key)
+            notify_stored([on_top_stored], key, stored)
         return True
 
     async def _stage(self, value: torch.Tensor) -> StagedChunk:

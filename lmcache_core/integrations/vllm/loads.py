@@ -13,9 +13,9 @@ the whole load is over (or when staging buffers run short), so promotions neithe
 (``TieredHierarchy.get_into_deferred``); once a promotion's store into the memory tier
 has run, the chunk is handed to the worker (:meth:`AsyncLoads.take_promoted`), which
 reports it to the scheduler as held in memory, as it reports its own saves: a later hit
-on it loads before the forward pass instead of in the background. Each step's :meth:`AsyncLoads.poll` (from
-``get_finished``) collects what is done, starts fetches as staging buffers come back,
-and reports the requests whose load is over.
+on it loads before the forward pass instead of in the background. Each step's
+:meth:`AsyncLoads.poll` (from ``get_finished``) collects what is done, starts fetches as
+staging buffers come back, and reports the requests whose load is over.
 
 A step that computes nothing (vLLM steps back to back while requests wait for their KV)
 may first :meth:`AsyncLoads.wait_progress`: a few milliseconds at most, woken only by
