@@ -81,7 +81,7 @@ def register(subparsers: Any) -> None:
     g.add_argument(
         "--namespace",
         metavar="NS",
-        help="delete the objects of a namespace: its JSON, or a disk tier's ns-<hex> directory",
+        help="delete the objects of a namespace: its JSON, or a tier's ns-<hex> or ns2-<hex> directory",
     )
     g.add_argument("--model", metavar="NAME", help="delete the objects of a model")
     g.add_argument("--dry-run", action="store_true", help="report what would be deleted")
@@ -345,13 +345,19 @@ class GcRules:
 
     @property
     def needs_headers(self) -> bool:
-        return (self.namespace is not None and not self.namespace.startswith("ns-")) or (
+        return (self.namespace is not None and not _is_ns_dir(self.namespace)) or (
             self.model is not None
         )
 
 
+def _is_ns_dir(text: str) -> bool:
+    """Whether ``text`` names a namespace directory (``ns-…``, or ``ns2-…`` for the disk
+    tier's layout 2) rather than a namespace's JSON."""
+    return text.startswith(("ns-", "ns2-"))
+
+
 def _normalise_namespace(text: str) -> str:
-    if text.startswith("ns-"):
+    if _is_ns_dir(text):
         return text
     try:
         return Namespace.from_json(text).to_json()
@@ -361,7 +367,7 @@ def _normalise_namespace(text: str) -> str:
 
 def _purged(e: EntryInfo, rules: GcRules) -> bool:
     if rules.namespace is not None:
-        if rules.namespace.startswith("ns-"):
+        if _is_ns_dir(rules.namespace):
             if e.location.split("/", 1)[0] == rules.namespace:
                 return True
         elif e.namespace == rules.namespace:

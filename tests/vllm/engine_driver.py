@@ -16,7 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-_OBJECT = re.compile(r"ns-[0-9a-f]{16}/[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{32}")
+# the disk tier's object paths, layout 2 (``ns2-…/ab/<name>``) and layout 1 (``ns-…/ab/cd/<name>``)
+_OBJECT = re.compile(
+    r"ns2-[0-9a-f]{16}/[0-9a-f]{2}/[0-9a-f]{32}|ns-[0-9a-f]{16}/[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{32}"
+)
 
 
 def disk_objects(root: str) -> list[str]:

@@ -110,7 +110,7 @@ def bulk_fill(
 
     tier = b.tier
     ns_json = layout.namespace_json(b.namespace)
-    ns_dir = layout.namespace_dir(ns_json)
+    ns_dir = b._ns_dir
     umask = layout.current_umask()
     made: set[str] = set()
     rows = []

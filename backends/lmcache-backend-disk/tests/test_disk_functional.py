@@ -82,11 +82,11 @@ def test_layout_permissions_and_safetensors_format(tmp_path: Path) -> None:
         finally:
             await b.close()
         rel = os.path.relpath(path, root)
-        ns_dir, shard1, shard2, name = rel.split(os.sep)
-        assert ns_dir.startswith("ns-") and name == key.to_path().split("/")[-1]
-        assert f"{shard1}/{shard2}/{name}" == key.to_path()
+        ns_dir, shard, name = rel.split(os.sep)
+        assert ns_dir.startswith("ns2-") and name == key.to_path().split("/")[-1]
+        assert shard == name[:2]
         assert _mode(path) == 0o600
-        for d in (root, root / ns_dir, root / ns_dir / shard1, root / META_DIR):
+        for d in (root, root / ns_dir, root / ns_dir / shard, root / META_DIR):
             assert _mode(str(d)) == 0o700, d
         assert _mode(str(root / META_DIR / INDEX_FILE)) == 0o600
         with open(root / ns_dir / NAMESPACE_FILE) as f:

@@ -171,7 +171,7 @@ def test_a_directory_removed_under_a_striped_tier_degrades_to_misses(tmp_path: P
             vals = [random_tensor((2048,), seed=i) for i in range(32)]
             assert await b.batched_put(keys, vals) == [True] * 32
             for d in os.listdir(paths[1]):
-                if d.startswith("ns-"):
+                if d.startswith(("ns-", "ns2-")):
                     shutil.rmtree(os.path.join(paths[1], d))
             got = await b.batched_get(keys)
             for k, g, v in zip(keys, got, vals, strict=True):

@@ -1,7 +1,9 @@
 """The ``disk`` backend: a persistent, crash-safe, checksummed tier shared by processes.
 
 * One object file per chunk (the lmcache-core object format, data at a 4 KiB offset) at
-  ``<path>/ns-<namespace digest>/<key.to_path()>``; directories 0700, files 0600 by default.
+  ``<path>/ns2-<namespace digest>/ab/<32 hex>`` (256 shard directories; a namespace that
+  older versions wrote keeps their ``ns-<digest>/ab/cd/<32 hex>``: :mod:`.layout`);
+  directories 0700, files 0600 by default.
 * Puts (:mod:`.store`) reserve room in the shared index, write a temporary file, rename it
   into place and record it atomically: a process killed at any instant leaves the old
   object, the new one, or none. What dead writers leave is settled by :mod:`.recovery`.
@@ -251,6 +253,8 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         durable = self.opts.fsync
         self._tier = open_root(self.root, self.dir_mode, self.file_mode, durable=durable)
         tier = self._tier
+        # layout 1 for a namespace an older version has written here, else layout 2
+        self._ns_dir = layout.pick_namespace_dir(tier, self._ns_json)
         new_dirs = self._make_meta_dirs()
         if durable:
             for d in new_dirs:

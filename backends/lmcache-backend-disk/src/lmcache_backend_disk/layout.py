@@ -7,10 +7,27 @@
         index.sqlite (+ -wal, -shm)   shared usage + LRU index
         index.lock                    serialises index creation and rebuilds
         owners/<owner id>             one flock'ed file per open backend (liveness)
-      ns-<16 hex>/                one directory per namespace
+      ns2-<16 hex>/               one directory per namespace (layout 2, the default)
         namespace.json              the namespace it holds (for inspect and gc)
-        ab/cd/<32 hex>              one object per chunk: key.to_path() under the namespace
-        ab/cd/.<32 hex>.<owner>.<n>.tmp   a write in progress (renamed over the object)
+        ab/<32 hex>                 one object per chunk: 256 shard directories by the
+                                    name's first two digits
+        ab/.<32 hex>.<owner>.<n>.tmp  a write in progress (renamed over the object)
+      ns-<16 hex>/                a namespace written by versions before layout 2
+        namespace.json
+        ab/cd/<32 hex>              ``key.to_path()``: 65,536 leaf directories
+
+The object name is the 32 hex digits of :meth:`CacheEngineKey.to_path` in both layouts.
+Layout 2 exists because layout 1's 65,536 leaf directories outnumber the objects of most
+tiers (a 100 GB tier of 4 MiB chunks holds ~25,000): almost every put made a directory
+(a ``mkdir`` and a directory ``fsync`` on the write path) and most objects sat alone in
+theirs. Layout 2 makes at most 256 directories per namespace, the first time a shard is
+used.
+
+The layout is chosen per namespace when a backend starts (:func:`pick_namespace_dir`): a
+namespace that already has a layout-1 directory keeps it (its objects stay readable and
+shared with older versions writing it); any other gets a layout-2 directory. Paths say
+which layout they belong to (the directory prefix), so an index row, a file found by a
+scan and ``verify``'s location check are validated from the path alone.
 
 Relative paths stored in the index use ``/`` and never contain ``..``: object names come
 from :meth:`CacheEngineKey.to_path` (hex digits only) and namespace directory names from a
@@ -22,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -30,15 +48,22 @@ from lmcache_core.keys import CacheEngineKey, Namespace
 from .sandbox import TierDir
 
 __all__ = [
+    "FLAT_PREFIX",
     "META_DIR",
     "NAMESPACE_FILE",
+    "NESTED_PREFIX",
     "ObjectFile",
     "TempFile",
+    "is_expected_location",
+    "is_flat",
+    "is_object_relpath",
     "iter_files",
+    "key_location",
     "namespace_dir",
     "namespace_json",
     "object_relpath",
     "parse_temp_name",
+    "pick_namespace_dir",
     "temp_relpath",
 ]
 
@@ -48,12 +73,20 @@ INDEX_FILE = "index.sqlite"
 INDEX_LOCK = "index.lock"
 NAMESPACE_FILE = "namespace.json"
 
-_NS_DIR = re.compile(r"ns-[0-9a-f]{16}")
+#: Namespace directory prefixes: layout 1 (``ab/cd/<name>``) and layout 2 (``ab/<name>``).
+NESTED_PREFIX = "ns-"
+FLAT_PREFIX = "ns2-"
+
+_NS_DIR = re.compile(r"ns2?-[0-9a-f]{16}")
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _OBJECT = re.compile(r"[0-9a-f]{32}")
 _TEMP = re.compile(r"\.([0-9a-f]{32})\.([0-9a-f]{16})\.[0-9]+\.tmp")
 OWNER_ID = re.compile(r"[0-9a-f]{16}")
-_REL = re.compile(r"ns-[0-9a-f]{16}/[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{32}")
+# an object path of either layout, its shard directories matching the name's first digits
+_REL = re.compile(
+    r"ns-[0-9a-f]{16}/([0-9a-f]{2})/([0-9a-f]{2})/\1\2[0-9a-f]{28}"
+    r"|ns2-[0-9a-f]{16}/([0-9a-f]{2})/\3[0-9a-f]{30}"
+)
 
 
 def namespace_json(namespace: Namespace | None) -> str:
@@ -61,21 +94,44 @@ def namespace_json(namespace: Namespace | None) -> str:
     return namespace.to_json() if namespace is not None else ""
 
 
-def namespace_dir(ns_json: str) -> str:
-    """The directory name holding a namespace's objects: ``ns-`` + 16 hex digits."""
-    return "ns-" + hashlib.blake2b(ns_json.encode("utf-8"), digest_size=8).hexdigest()
+def namespace_dir(ns_json: str, flat: bool = True) -> str:
+    """The directory name holding a namespace's objects: ``ns2-`` (layout 2, ``flat``) or
+    ``ns-`` (layout 1) + 16 hex digits of a digest of the namespace."""
+    digest = hashlib.blake2b(ns_json.encode("utf-8"), digest_size=8).hexdigest()
+    return (FLAT_PREFIX if flat else NESTED_PREFIX) + digest
+
+
+def pick_namespace_dir(tier: TierDir, ns_json: str) -> str:
+    """The directory a backend starting now uses for a namespace: its layout-1 directory
+    when one exists (written by an older version: its objects stay readable), else its
+    layout-2 directory."""
+    nested = namespace_dir(ns_json, flat=False)
+    st = tier.lstat(nested)
+    return nested if st is not None and stat.S_ISDIR(st.st_mode) else namespace_dir(ns_json)
+
+
+def is_flat(ns_dir: str) -> bool:
+    """Whether a namespace directory (or a path under one) is in layout 2."""
+    return ns_dir.startswith(FLAT_PREFIX)
+
+
+def key_location(ns_dir: str, key: CacheEngineKey) -> str:
+    """Where ``key``'s object lives under the namespace directory ``ns_dir``:
+    ``ab/<32 hex>`` (layout 2) or ``ab/cd/<32 hex>`` (layout 1)."""
+    p = key.to_path()
+    return p[:3] + p[6:] if ns_dir.startswith(FLAT_PREFIX) else p
 
 
 def object_relpath(ns_dir: str, key: CacheEngineKey) -> str:
-    """Relative path of ``key``'s object: ``ns-…/ab/cd/<32 hex>``."""
-    return f"{ns_dir}/{key.to_path()}"
+    """Relative path of ``key``'s object: ``ns2-…/ab/<32 hex>`` or ``ns-…/ab/cd/<32 hex>``
+    (the layout of ``ns_dir``)."""
+    return f"{ns_dir}/{key_location(ns_dir, key)}"
 
 
 def is_object_relpath(rel: str) -> bool:
-    """Whether ``rel`` has the exact shape of an object path (and so stays under the root)."""
-    return _REL.fullmatch(rel) is not None and rel.split("/")[-1].startswith(
-        rel.split("/")[1] + rel.split("/")[2]
-    )
+    """Whether ``rel`` has the exact shape of an object path of either layout (and so stays
+    under the root)."""
+    return _REL.fullmatch(rel) is not None
 
 
 def temp_relpath(rel: str, owner: str, seq: int) -> str:
@@ -103,14 +159,20 @@ def parse_temp_name(name: str) -> tuple[str, str] | None:
     return (m.group(1), m.group(2)) if m else None
 
 
-def expected_location(key_string: str, ns_json: str) -> str | None:
-    """Where an object with this key string and namespace must live (``None`` if the key
-    string does not parse)."""
+def expected_location(key_string: str, ns_json: str, flat: bool = True) -> str | None:
+    """Where an object with this key string and namespace must live in the given layout
+    (``None`` if the key string does not parse)."""
     try:
         key = CacheEngineKey.from_string(key_string)
     except ValueError:
         return None
-    return object_relpath(namespace_dir(ns_json), key)
+    return object_relpath(namespace_dir(ns_json, flat), key)
+
+
+def is_expected_location(rel: str, key_string: str, ns_json: str) -> bool:
+    """Whether ``rel`` is where an object with this key string and namespace lives, in the
+    layout ``rel`` belongs to."""
+    return expected_location(key_string, ns_json, is_flat(rel)) == rel
 
 
 @dataclass(frozen=True)
@@ -141,7 +203,7 @@ def namespace_dirs(tier: TierDir) -> list[str]:
 
 
 def shard_dirs(tier: TierDir, ns_dir: str) -> list[str]:
-    """``ns-…/ab`` relative paths of the first shard level of one namespace."""
+    """``ns…/ab`` relative paths of the first shard level of one namespace."""
     names = [
         e.name
         for e in tier.scandir(ns_dir)
@@ -153,10 +215,11 @@ def shard_dirs(tier: TierDir, ns_dir: str) -> list[str]:
 def iter_files(tier: TierDir, top: str) -> Iterator[ObjectFile | TempFile]:
     """Objects and temporary files below ``top`` (a namespace or shard directory, relative).
 
-    Names of any other shape, links and anything that is not a regular file are ignored;
-    directories are entered without following links. Files vanishing during the walk are
-    skipped.
+    Names of any other shape, links and anything that is not a regular file are ignored
+    (so are files at the other layout's depth); directories are entered without following
+    links. Files vanishing during the walk are skipped.
     """
+    depth_of_objects = 2 if top.startswith(FLAT_PREFIX) else 3
     stack = [top]
     while stack:
         rel_dir = stack.pop()
@@ -164,11 +227,11 @@ def iter_files(tier: TierDir, top: str) -> Iterator[ObjectFile | TempFile]:
             rel = f"{rel_dir}/{entry.name}"
             depth = rel.count("/")
             try:
-                if depth <= 2 and _SHARD.fullmatch(entry.name):
+                if depth < depth_of_objects and _SHARD.fullmatch(entry.name):
                     if entry.is_dir(follow_symlinks=False):
                         stack.append(rel)
                     continue
-                if depth != 3 or not entry.is_file(follow_symlinks=False):
+                if depth != depth_of_objects or not entry.is_file(follow_symlinks=False):
                     continue
                 if _OBJECT.fullmatch(entry.name):
                     st = entry.stat(follow_symlinks=False)

@@ -37,7 +37,7 @@ from lmcache_core.errors import FormatError
 from lmcache_core.libc import libc_function
 
 from .aligned import ALIGN, BufferPool, aligned_empty, round_up
-from .layout import current_umask, expected_location
+from .layout import current_umask, is_expected_location
 from .sandbox import TierDir
 
 __all__ = ["ObjectIO", "ReadOutcome", "ReadResult"]
@@ -537,7 +537,7 @@ class ObjectIO:
         if res.outcome is ReadOutcome.BAD:
             return res.reason
         assert res.header is not None
-        if expected_location(res.header.key, res.header.namespace) != rel:
+        if not is_expected_location(rel, res.header.key, res.header.namespace):
             return "object is stored under another key's or namespace's path"
         return None
 

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import torch
 from disk_canary import Canary
-from lmcache_backend_disk import DiskBackend
+from lmcache_backend_disk import DiskBackend, layout
 
 from lmcache_core import CacheEngineKey, Namespace
 from lmcache_core.cli.maint import GcRules, gc_tier, verify_tier
@@ -148,8 +148,11 @@ class World:
     """A tier (``<tmp>/tier``) with :data:`LEGIT` objects and a canary tree
     (``<tmp>/canary``) holding a forged copy of a tier and victim files."""
 
-    def __init__(self, tmp: Path, rnd: random.Random) -> None:
+    def __init__(self, tmp: Path, rnd: random.Random, nested: bool = False) -> None:
+        """``nested``: the namespace in layout 1 (``ns-…/ab/cd/<name>``, what versions
+        before layout 2 wrote) instead of layout 2."""
         self.tmp = tmp
+        self.nested = nested
         self.rnd = rnd
         self.root = tmp / "tier"
         self.canary_dir = tmp / "canary"
@@ -160,7 +163,14 @@ class World:
         self.legit: dict[int, torch.Tensor] = {}
         self.stored: dict[int, torch.Tensor] = {}  # what the battery stored itself
 
+    def _prepare_layout(self, root: Path) -> None:
+        if self.nested:  # a layout-1 namespace directory makes the backend keep layout 1
+            ns_json = layout.namespace_json(NS)
+            (root / layout.namespace_dir(ns_json, flat=False)).mkdir(parents=True, mode=0o700)
+
     async def build(self) -> None:
+        self._prepare_layout(self.root)
+        self._prepare_layout(self.forged_root)
         b = backend(self.root)
         await b.start()
         try:
@@ -171,6 +181,7 @@ class World:
             ns_dir = b._ns_dir
         finally:
             await b.close()
+        assert layout.is_flat(ns_dir) != self.nested
         self.ns_dir = ns_dir
         self.legit = {i: legit_value(i) for i in range(LEGIT)}
         f = backend(self.forged_root)
@@ -200,7 +211,7 @@ class World:
         tmp.mkdir(parents=True)
         for name in ("tier", "canary"):
             shutil.copytree(self.tmp / name, tmp / name, symlinks=True, ignore=_no_fifo)
-        w = World(tmp, rnd)
+        w = World(tmp, rnd, self.nested)
         w.ns_dir = self.ns_dir
         w.legit = dict(self.legit)
         os.mkfifo(w.victim / "fifo")
@@ -208,7 +219,7 @@ class World:
 
     # -- where things are
     def rel(self, i: int) -> str:
-        return f"{self.ns_dir}/{key(i).to_path()}"
+        return layout.object_relpath(self.ns_dir, key(i))
 
     def forged(self, rel: str) -> Path:
         return self.forged_root / rel

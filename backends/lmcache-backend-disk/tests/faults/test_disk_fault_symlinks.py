@@ -22,7 +22,9 @@ SEEDS = range(8) if FULL else range(1)
 
 def _attacks(w: World) -> dict[str, Callable[[], None]]:
     rel0 = w.rel(0)
-    ns, s1, s2, name = rel0.split("/")
+    ns, *shards, name = rel0.split("/")
+    s1 = shards[0]
+    leaf = "/".join([ns, *shards])  # the object's directory
     v = w.victim
     plain: dict[str, tuple[str, Path]] = {
         "meta": (".lmcache-disk", w.forged(".lmcache-disk")),
@@ -30,11 +32,11 @@ def _attacks(w: World) -> dict[str, Callable[[], None]]:
         "owner-file": (".lmcache-disk/owners/0123456789abcdef", v / ".bashrc"),
         "namespace": (ns, w.forged(ns)),
         "shard1": (f"{ns}/{s1}", w.forged(f"{ns}/{s1}")),
-        "shard2": (f"{ns}/{s1}/{s2}", w.forged(f"{ns}/{s1}/{s2}")),
+        "leaf": (leaf, w.forged(leaf)),
         "object": (rel0, w.forged(rel0)),
         "object-fifo": (w.rel(1), v / "fifo"),
         "object-dir": (w.rel(2), v),
-        "temp": (f"{ns}/{s1}/{s2}/.{name}.0123456789abcdef.1.tmp", v / "notes.txt"),
+        "temp": (f"{leaf}/.{name}.0123456789abcdef.1.tmp", v / "notes.txt"),
         "namespace-json": (f"{ns}/namespace.json", v / "notes.txt"),
         "index": (".lmcache-disk/index.sqlite", v / "db.sqlite"),
         "index-wal": (".lmcache-disk/index.sqlite-wal", v / "notes.txt"),
@@ -51,7 +53,7 @@ def _attacks(w: World) -> dict[str, Callable[[], None]]:
 
 
 ATTACKS = [
-    "root", "meta", "owners", "owner-file", "namespace", "shard1", "shard2", "object",
+    "root", "meta", "owners", "owner-file", "namespace", "shard1", "leaf", "object",
     "object-fifo", "object-dir", "temp", "namespace-json", "index", "index-wal", "index-shm",
     "index-lock", "index-lock-fifo",
 ]  # fmt: skip
@@ -82,11 +84,15 @@ def _trial(template: World, tmp: Path, attack: str, hot: bool, seed: int) -> Tal
     return tally
 
 
-def test_symlinks_at_every_level(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("nested", [False, True], ids=["layout2", "layout1"])
+def test_symlinks_at_every_level(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nested: bool
+) -> None:
     """Every level, planted before start or while a backend is open (both in the full
     campaign), resolved with ``openat2``; a sample again with the component-by-component
-    walk used where ``openat2`` is missing."""
-    template = World(tmp_path / "template", random.Random(0))
+    walk used where ``openat2`` is missing. In both object layouts (layout 1: the
+    namespace an older version wrote)."""
+    template = World(tmp_path / "template", random.Random(0), nested)
     run(template.build())
     trials = phases([(a, seed, True) for seed in SEEDS for a in ATTACKS])
     trials += sample(phases([(a, seed, False) for seed in SEEDS for a in ATTACKS]), 6)
@@ -108,14 +114,23 @@ def test_symlinks_at_every_level(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert all("/t" in n for n in total.notes if n.startswith("reported by")), total.notes
 
 
-@pytest.mark.parametrize("level", [0, 1, 2, 3])
-def test_a_planted_link_is_removed_and_the_key_stored_again(tmp_path: Path, level: int) -> None:
-    """A link in place of the namespace (0), a shard (1, 2) or the object (3) directory of
-    a running tier: the forged object is not served, the link (not its target) is removed,
-    and the key can be stored and read again."""
+@pytest.mark.parametrize(
+    ("nested", "level"),
+    [(False, 0), (False, 1), (False, 2), (True, 0), (True, 1), (True, 2), (True, 3)],
+    ids=[
+        *("layout2-ns", "layout2-shard", "layout2-object"),
+        *("layout1-ns", "layout1-shard1", "layout1-shard2", "layout1-object"),
+    ],
+)
+def test_a_planted_link_is_removed_and_the_key_stored_again(
+    tmp_path: Path, nested: bool, level: int
+) -> None:
+    """A link in place of the namespace (0), a shard directory (1; 2 in layout 1) or the
+    object of a running tier: the forged object is not served, the link (not its target)
+    is removed, and the key can be stored and read again."""
 
     async def body() -> None:
-        w = World(tmp_path, random.Random(0))
+        w = World(tmp_path, random.Random(0), nested)
         await w.build()
         b = backend(w.root)
         await b.start()
