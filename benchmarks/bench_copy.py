@@ -1,8 +1,12 @@
 """Host-copy primitives behind the cpu backend and the token database, measured here.
 
-1. A 4 MiB and a 32 MiB copy into a reused buffer, two ways: ``torch.Tensor.copy_``
-   (split across torch's OpenMP threads: 2 on this machine) and one ``memmove`` through
-   ctypes (``lmcache_core.memory.copy_into``, single-threaded), in two conditions:
+1. A 4 MiB and a 32 MiB copy into a reused buffer, from sources taken in turn (128 MiB
+   of them, so each copy reads memory, not cache, as a cache tier's hits do), three ways:
+   ``torch.Tensor.copy_`` (split across torch's OpenMP threads: 2 on this machine), one
+   ``memmove`` through ctypes in the calling thread, and
+   ``lmcache_core.memory.copy_into`` (``memmove``, shared with its helper thread from
+   ``SPLIT_MIN`` bytes on: the caller copies 5/8, the helper the rest if it starts in
+   time), in two conditions:
 
    * quiet: nothing else started by this benchmark (the machine may still be shared:
      the load average is printed);
@@ -30,6 +34,7 @@ Run: .venv/bin/python benchmarks/bench_copy.py [--rounds 21] [--block 5] [--fres
 from __future__ import annotations
 
 import argparse
+import ctypes
 import multiprocessing as mp
 import os
 import struct
@@ -43,7 +48,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _util import aa_spread, interleaved_samples, pct
 
-from lmcache_core.memory import copy_into, populated_empty
+from lmcache_core.memory import SPLIT_MIN, copy_into, populated_empty
 
 MiB = 1 << 20
 
@@ -77,33 +82,56 @@ def stop_load(procs: list[mp.process.BaseProcess]) -> None:
 
 
 def copies(label: str, nbytes: int, rounds: int, block: int) -> dict[str, float]:
-    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
-    dst = torch.empty_like(src)
+    srcs = [
+        torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
+        for _ in range(max(2, 128 * MiB // nbytes))
+    ]
+    dst = torch.empty_like(srcs[0])
     dst.fill_(0)  # fault the pages in: a reused buffer
+    turn = [0]
+
+    def src() -> torch.Tensor:
+        turn[0] += 1
+        return srcs[turn[0] % len(srcs)]
+
+    def memmove() -> None:
+        s = src()
+        ctypes.memmove(dst.data_ptr(), s.data_ptr(), nbytes)
+
     s = interleaved_samples(
         {
-            "torch A": lambda: dst.copy_(src),
-            "memmove A": lambda: copy_into(dst, src),
-            "torch B": lambda: dst.copy_(src),
-            "memmove B": lambda: copy_into(dst, src),
+            "torch A": lambda: dst.copy_(src()),
+            "memmove A": memmove,
+            "copy_into A": lambda: copy_into(dst, src()),
+            "torch B": lambda: dst.copy_(src()),
+            "memmove B": memmove,
+            "copy_into B": lambda: copy_into(dst, src()),
         },
         rounds=rounds,
         block=block,
     )
-    assert torch.equal(dst, src)
-    torch_all = s["torch A"] + s["torch B"]
-    mm_all = s["memmove A"] + s["memmove B"]
-    t_med, m_med = pct(torch_all, 50), pct(mm_all, 50)
+    copy_into(dst, srcs[0])
+    assert torch.equal(dst, srcs[0])
     gbs = nbytes / 1e9
+    meds = {}
+    parts = []
+    for name in ("torch", "memmove", "copy_into"):
+        both = s[f"{name} A"] + s[f"{name} B"]
+        meds[name] = med = pct(both, 50)
+        meds[f"{name} p90"] = pct(both, 90)
+        parts.append(
+            f"{name} {med * 1e3:6.3f} ms ({gbs / med:5.1f} GB/s, p90 {pct(both, 90) * 1e3:7.3f}"
+            f" ms, A/A {aa_spread(s[f'{name} A'], s[f'{name} B']):.2f})"
+        )
+    print(f"{nbytes // MiB:3d} MiB, {label:7s} " + " | ".join(parts))
     print(
-        f"{nbytes // MiB:3d} MiB, {label:7s} torch copy_ {t_med * 1e3:7.3f} ms "
-        f"({gbs / t_med:5.1f} GB/s, p90 {pct(torch_all, 90) * 1e3:7.3f} ms, "
-        f"A/A {aa_spread(s['torch A'], s['torch B']):.2f}) | memmove {m_med * 1e3:7.3f} ms "
-        f"({gbs / m_med:5.1f} GB/s, p90 {pct(mm_all, 90) * 1e3:7.3f} ms, "
-        f"A/A {aa_spread(s['memmove A'], s['memmove B']):.2f}) | memmove speed = "
-        f"{t_med / m_med:.2f}x torch (p90 {pct(torch_all, 90) / pct(mm_all, 90):.2f}x)"
+        f"{'':16s}speed vs torch copy_, median (p90): memmove "
+        f"{meds['torch'] / meds['memmove']:.2f}x ({meds['torch p90'] / meds['memmove p90']:.2f}x)"
+        f", copy_into {meds['torch'] / meds['copy_into']:.2f}x "
+        f"({meds['torch p90'] / meds['copy_into p90']:.2f}x); copy_into vs memmove "
+        f"{meds['memmove'] / meds['copy_into']:.2f}x ({meds['memmove p90'] / meds['copy_into p90']:.2f}x)"
     )
-    return {"torch": t_med, "memmove": m_med}
+    return meds
 
 
 def fresh_memory(rounds: int, block: int) -> None:
@@ -156,7 +184,8 @@ def main() -> None:
         return
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, "
-        f"{os.cpu_count()} cores, load average before: {os.getloadavg()[0]:.1f}"
+        f"{os.cpu_count()} cores, copy_into shares copies of >= {SPLIT_MIN} bytes, "
+        f"load average before: {os.getloadavg()[0]:.1f}"
     )
     sizes = (4 * MiB, 32 * MiB)
     for n in sizes:

@@ -1,28 +1,40 @@
 """Byte-level helpers for host memory.
 
-Host-to-host copies use one ``memmove`` (through ctypes, which releases the GIL), in
-the calling thread, not torch's ``copy_``: torch splits a large CPU copy across its
-OpenMP team (2 threads here), and when other work holds a core -- a vLLM worker's
-forward pass, other processes -- the team waits for its descheduled thread.
-``benchmarks/bench_copy.py`` (both ways interleaved, quiet and with one busy process per
-core) measured a 4 MiB ``copy_`` at 8-35 ms at the 90th percentile whenever other work
-ran, against under 0.7 ms for one ``memmove``; only with both cores free is ``copy_``
-faster (1.3-1.5x). Copies involving a device tensor still go through torch.
+Host-to-host copies use ``memmove`` (through ctypes, which releases the GIL), not
+torch's ``copy_``: torch splits a large CPU copy across its OpenMP team (2 threads here),
+and when other work holds a core -- a vLLM worker's forward pass, other processes -- the
+team waits for its descheduled thread. ``benchmarks/bench_copy.py`` (interleaved, quiet
+and with one busy process per core) measured a 4 MiB ``copy_`` at 8-35 ms at the 90th
+percentile whenever other work ran, against under 0.7 ms for one ``memmove``; with both
+cores free ``copy_`` was faster (1.3-1.5x), since one thread does not reach the memory
+bandwidth.
+
+Copies of at least :data:`SPLIT_MIN` bytes are split in two halves: the calling thread
+copies the first, and offers the second to one helper thread; whichever of the two
+reaches the second half first copies it. So the caller never waits for a helper that has
+not started (a helper that is descheduled, or slow to wake, leaves the whole copy to the
+caller, as one ``memmove`` would), only for a half the helper is already copying. Copies
+involving a device tensor still go through torch.
 """
 
 from __future__ import annotations
 
 import ctypes
 import mmap
+import os
+import queue
+import threading
 
 import torch
 
 from .libc import libc_function
 
 __all__ = [
+    "SPLIT_MIN",
     "as_bytes",
     "copy_into",
     "copy_tensor",
+    "host_copy",
     "mapped_empty",
     "pinned_available",
     "populated_empty",
@@ -30,6 +42,105 @@ __all__ = [
 ]
 
 _memmove = ctypes.memmove
+
+#: Host copies of at least this many bytes are shared with the helper thread (``0``: never;
+#: the environment variable ``LMCACHE_CORE_COPY_SPLIT_MIN`` sets it, in bytes).
+SPLIT_MIN = int(os.environ.get("LMCACHE_CORE_COPY_SPLIT_MIN", str(2 << 20)))
+
+
+class _Halves:
+    """One copy of ``n`` bytes split at ``half``: the caller copies the first part, and
+    the second goes to whichever thread claims it first (under ``lock``)."""
+
+    __slots__ = ("claimed", "done", "dst", "half", "lock", "n", "src")
+
+    def __init__(self, dst: int, src: int, n: int) -> None:
+        self.dst, self.src, self.n = dst, src, n
+        # the caller's part is the larger (5/8): the helper starts later (it is woken), and
+        # a caller that finishes after the helper does not have to sleep to wait for it
+        self.half = (n * 5 // 8) & ~4095  # a page-aligned split
+        self.lock = threading.Lock()
+        self.claimed = False
+        self.done = threading.Lock()
+        self.done.acquire()  # released once the helper has written its half
+
+    def _claim(self) -> bool:
+        with self.lock:
+            if self.claimed:
+                return False
+            self.claimed = True
+            return True
+
+    def help(self) -> bool:
+        """In the helper thread: the second half, unless the caller took it already
+        (``True`` when the helper copied it)."""
+        if not self._claim():
+            return False
+        try:
+            _memmove(self.dst + self.half, self.src + self.half, self.n - self.half)
+        finally:
+            self.done.release()
+        return True
+
+    def run(self) -> None:
+        """In the calling thread: the first half, then the second unless the helper has
+        it (then wait for it: the bytes must be in place when the call returns)."""
+        _memmove(self.dst, self.src, self.half)
+        if self._claim():
+            _memmove(self.dst + self.half, self.src + self.half, self.n - self.half)
+        else:
+            self.done.acquire()
+
+
+class _CopyHelper:
+    """The helper thread, started on first use (again in a forked child)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Halves] = queue.SimpleQueue()
+        self._started = False
+        self._lock = threading.Lock()
+        #: Copies whose second part the helper wrote (for tests and statistics).
+        self.helped = 0
+
+    def copy(self, dst: int, src: int, n: int) -> None:
+        job = _Halves(dst, src, n)
+        if not self._started:
+            self._start()
+        self._jobs.put(job)
+        job.run()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            t = threading.Thread(target=self._serve, name="lmcache-copy-helper", daemon=True)
+            t.start()
+            self._started = True
+
+    def _serve(self) -> None:
+        get = self._jobs.get
+        while True:
+            if get().help():
+                self.helped += 1
+
+    def _after_fork(self) -> None:
+        self._jobs = queue.SimpleQueue()
+        self._started = False
+        self._lock = threading.Lock()
+
+
+_helper = _CopyHelper()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_helper._after_fork)
+
+
+def host_copy(dst_ptr: int, src_ptr: int, n: int) -> None:
+    """Copy ``n`` bytes between host addresses: one ``memmove``, shared with the helper
+    thread from :data:`SPLIT_MIN` bytes on when the two ranges do not overlap."""
+    if SPLIT_MIN and n >= SPLIT_MIN and (dst_ptr >= src_ptr + n or src_ptr >= dst_ptr + n):
+        _helper.copy(dst_ptr, src_ptr, n)
+    elif n:
+        _memmove(dst_ptr, src_ptr, n)
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -43,9 +154,10 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     """Copy the bytes of ``src`` into ``dst`` (same byte size, both contiguous).
 
-    Host to host this is one ``memmove`` through ctypes, which releases the GIL and costs
+    Host to host this is ``memmove`` through ctypes, which releases the GIL and costs
     2-3 µs of overhead per call (``benchmarks/bench_copy.py``; see the module docstring
-    for why not ``copy_``).
+    for why not ``copy_``, and for the helper thread that shares copies of at least
+    :data:`SPLIT_MIN` bytes).
     """
     if dst.is_cpu and src.is_cpu:
         n = dst.nbytes
@@ -54,7 +166,7 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
         if not (dst.is_contiguous() and src.is_contiguous()):
             raise ValueError("copy_into needs contiguous tensors")
         if n:
-            _memmove(dst.data_ptr(), src.data_ptr(), n)
+            host_copy(dst.data_ptr(), src.data_ptr(), n)
         return
     as_bytes(dst).copy_(as_bytes(src), non_blocking=False)
 

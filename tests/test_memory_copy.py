@@ -65,3 +65,108 @@ def test_views_conversions_and_broadcasts_use_torch(memmoves: list[int]) -> None
 def test_empty_tensors_copy_nothing(memmoves: list[int]) -> None:
     memory.copy_tensor(torch.empty(0), torch.empty(0))
     assert memmoves == []
+
+
+# ---------------------------------------------------------------- large copies, two threads
+def _bytes(n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
+
+
+@pytest.mark.parametrize("delta", [-1, 0, 1, 4095, (3 << 20) + 7])
+def test_large_copies_land_whole_around_the_split_size(delta: int) -> None:
+    n = memory.SPLIT_MIN + delta
+    src = _bytes(n, delta & 0xFFFF)
+    dst = torch.zeros(n + 2, dtype=torch.uint8)  # a guard byte on each side
+    memory.copy_into(dst[1 : n + 1], src)
+    assert torch.equal(dst[1 : n + 1], src)
+    assert dst[0] == 0 and dst[n + 1] == 0
+
+
+def test_the_helper_thread_copies_part_of_large_copies() -> None:
+    n = 8 << 20
+    src, dst = _bytes(n, 1), torch.zeros(n, dtype=torch.uint8)
+    before = memory._helper.helped
+    for _ in range(40):
+        dst.zero_()
+        memory.copy_into(dst, src)
+        assert torch.equal(dst, src)
+    assert memory._helper.helped > before  # fails if the caller always copied alone
+
+
+def test_a_helper_that_never_starts_does_not_hold_the_caller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Jobs queued where no thread reads them: every copy is still whole, by the caller."""
+    import queue
+    import time
+
+    monkeypatch.setattr(memory._helper, "_jobs", queue.SimpleQueue())
+    monkeypatch.setattr(memory._helper, "_started", True)
+    n = 4 << 20
+    src, dst = _bytes(n, 2), torch.zeros(n, dtype=torch.uint8)
+    t0 = time.monotonic()
+    for _ in range(10):
+        dst.zero_()
+        memory.copy_into(dst, src)
+        assert torch.equal(dst, src)
+    assert time.monotonic() - t0 < 5.0
+
+
+def test_overlapping_ranges_copy_as_one_memmove(memmoves: list[int]) -> None:
+    n = memory.SPLIT_MIN + (1 << 20)
+    buf = _bytes(n + 4096, 3)
+    want = buf[:n].clone()
+    memory.host_copy(buf.data_ptr() + 4096, buf.data_ptr(), n)  # forward overlap
+    assert torch.equal(buf[4096:], want)
+    assert memmoves == [n]
+
+
+def test_copies_from_many_threads_at_once() -> None:
+    import threading
+
+    n = (3 << 20) + 123
+    srcs = [_bytes(n, 10 + i) for i in range(4)]
+    errors: list[str] = []
+
+    def worker(i: int) -> None:
+        dst = torch.empty(n, dtype=torch.uint8)
+        for _ in range(25):
+            dst.zero_()
+            memory.copy_into(dst, srcs[i])
+            if not torch.equal(dst, srcs[i]):
+                errors.append(f"thread {i}")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_a_forked_child_copies_with_its_own_helper() -> None:
+    import os
+
+    import numpy as np
+
+    n = 4 << 20
+    src = _bytes(n, 4)
+    memory.copy_into(torch.empty(n, dtype=torch.uint8), src)  # the parent's helper runs
+    src_np = src.numpy()
+    pid = os.fork()
+    if pid == 0:  # the child: no helper thread until its first large copy
+        code = 1
+        try:  # numpy only around the copies: torch's OpenMP team does not survive a fork
+            dst_np = np.zeros(n, dtype=np.uint8)
+            dst = torch.from_numpy(dst_np)
+            ok = True
+            for _ in range(20):
+                dst_np[:] = 0
+                memory.copy_into(dst, src)
+                ok = ok and bool(np.array_equal(dst_np, src_np))
+            code = 0 if ok and memory._helper._started else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
