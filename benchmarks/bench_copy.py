@@ -5,8 +5,8 @@
    ``torch.Tensor.copy_`` (split across torch's OpenMP threads: 2 on this machine), one
    ``memmove`` through ctypes in the calling thread, and
    ``lmcache_core.memory.copy_into`` (``memmove``, shared with its helper thread from
-   ``SPLIT_MIN`` bytes on: the caller copies 5/8, the helper the rest if it starts in
-   time), in two conditions:
+   ``SPLIT_MIN`` bytes on: the caller copies the first half, then caller and helper
+   take pieces of the rest from both ends), in two conditions:
 
    * quiet: nothing else started by this benchmark (the machine may still be shared:
      the load average is printed);
@@ -48,6 +48,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _util import aa_spread, interleaved_samples, pct
 
+from lmcache_core import memory
 from lmcache_core.memory import SPLIT_MIN, copy_into, populated_empty
 
 MiB = 1 << 20
@@ -98,6 +99,7 @@ def copies(label: str, nbytes: int, rounds: int, block: int) -> dict[str, float]
         s = src()
         ctypes.memmove(dst.data_ptr(), s.data_ptr(), nbytes)
 
+    helped, stalls = memory._helper.helped, memory._helper.stalls
     s = interleaved_samples(
         {
             "torch A": lambda: dst.copy_(src()),
@@ -110,6 +112,8 @@ def copies(label: str, nbytes: int, rounds: int, block: int) -> dict[str, float]
         rounds=rounds,
         block=block,
     )
+    helped = memory._helper.helped - helped
+    stalls = memory._helper.stalls - stalls
     copy_into(dst, srcs[0])
     assert torch.equal(dst, srcs[0])
     gbs = nbytes / 1e9
@@ -130,6 +134,7 @@ def copies(label: str, nbytes: int, rounds: int, block: int) -> dict[str, float]
         f", copy_into {meds['torch'] / meds['copy_into']:.2f}x "
         f"({meds['torch p90'] / meds['copy_into p90']:.2f}x); copy_into vs memmove "
         f"{meds['memmove'] / meds['copy_into']:.2f}x ({meds['memmove p90'] / meds['copy_into p90']:.2f}x)"
+        f"; copy_into calls the helper took part in: {helped}, stalls (sharing paused): {stalls}"
     )
     return meds
 

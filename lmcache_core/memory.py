@@ -9,12 +9,13 @@ percentile whenever other work ran, against under 0.7 ms for one ``memmove``; wi
 cores free ``copy_`` was faster (1.3-1.5x), since one thread does not reach the memory
 bandwidth.
 
-Copies of at least :data:`SPLIT_MIN` bytes are split in two halves: the calling thread
-copies the first, and offers the second to one helper thread; whichever of the two
-reaches the second half first copies it. So the caller never waits for a helper that has
-not started (a helper that is descheduled, or slow to wake, leaves the whole copy to the
-caller, as one ``memmove`` would), only for a half the helper is already copying. Copies
-involving a device tensor still go through torch.
+Copies of at least :data:`SPLIT_MIN` bytes are shared with one helper thread: the
+calling thread copies the first half while the helper is woken, then both take pieces of
+the rest (the caller from the front, the helper from the back, :class:`_Shared`). So the
+caller never waits for a helper that has not started (a helper that is descheduled, or
+slow to wake, leaves the whole copy to the caller, as one ``memmove`` would), only for
+the one piece the helper may be copying when the caller runs out. Copies involving a
+device tensor still go through torch.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import mmap
 import os
 import queue
 import threading
+import time
 
 import torch
 
@@ -46,68 +48,125 @@ _memmove = ctypes.memmove
 #: Host copies of at least this many bytes are shared with the helper thread (``0``: never;
 #: the environment variable ``LMCACHE_CORE_COPY_SPLIT_MIN`` sets it, in bytes).
 SPLIT_MIN = int(os.environ.get("LMCACHE_CORE_COPY_SPLIT_MIN", str(2 << 20)))
+#: Smallest piece of a shared copy.
+PIECE_MIN = 256 << 10
 
 
-class _Halves:
-    """One copy of ``n`` bytes split at ``half``: the caller copies the first part, and
-    the second goes to whichever thread claims it first (under ``lock``)."""
+class _Shared:
+    """One copy of ``n`` bytes shared by the caller and the helper thread.
 
-    __slots__ = ("claimed", "done", "dst", "half", "lock", "n", "src")
+    The caller copies the first half at once (the helper is still being woken), then the
+    rest is cut into pieces of :data:`PIECE_MIN` bytes or more (a sixteenth of the copy):
+    the caller claims them from the front, the helper from the back, one at a time under
+    ``lock``. A helper that starts late holds at most one piece when the caller runs
+    out, so the caller never waits for more than one piece (and never for a helper that
+    has not started)."""
+
+    __slots__ = ("back", "busy", "done", "dst", "front", "lock", "n", "piece", "src", "waiting")
 
     def __init__(self, dst: int, src: int, n: int) -> None:
         self.dst, self.src, self.n = dst, src, n
-        # the caller's part is the larger (5/8): the helper starts later (it is woken), and
-        # a caller that finishes after the helper does not have to sleep to wait for it
-        self.half = (n * 5 // 8) & ~4095  # a page-aligned split
+        self.piece = max(PIECE_MIN, (n // 16) & ~4095)
+        self.front = (n // 2) & ~4095  # the caller's first part ends here
+        self.back = n  # the helper's pieces end here (it copies back to front)
         self.lock = threading.Lock()
-        self.claimed = False
+        self.busy = False  # the helper is copying a piece it claimed
+        self.waiting = False  # the caller waits for that piece
         self.done = threading.Lock()
-        self.done.acquire()  # released once the helper has written its half
-
-    def _claim(self) -> bool:
-        with self.lock:
-            if self.claimed:
-                return False
-            self.claimed = True
-            return True
+        self.done.acquire()  # released for a waiting caller when the helper's piece is done
 
     def help(self) -> bool:
-        """In the helper thread: the second half, unless the caller took it already
-        (``True`` when the helper copied it)."""
-        if not self._claim():
-            return False
-        try:
-            _memmove(self.dst + self.half, self.src + self.half, self.n - self.half)
-        finally:
-            self.done.release()
-        return True
+        """In the helper thread: pieces from the back until none is left (``True`` when
+        it copied any)."""
+        helped = False
+        lock = self.lock
+        while True:
+            with lock:
+                self.busy = False
+                if self.waiting:
+                    self.done.release()
+                    return helped
+                if self.back <= self.front:
+                    return helped
+                start = max(self.front, self.back - self.piece)
+                end, self.back = self.back, start
+                self.busy = True
+            _memmove(self.dst + start, self.src + start, end - start)
+            helped = True
 
-    def run(self) -> None:
-        """In the calling thread: the first half, then the second unless the helper has
-        it (then wait for it: the bytes must be in place when the call returns)."""
-        _memmove(self.dst, self.src, self.half)
-        if self._claim():
-            _memmove(self.dst + self.half, self.src + self.half, self.n - self.half)
-        else:
-            self.done.acquire()
+    def run(self) -> float | None:
+        """In the calling thread: the first half, then pieces from the front until none
+        is left, then wait for the helper's piece if it is still copying one (the bytes
+        must all be in place when the call returns). Returns how long the caller waited
+        (seconds), ``None`` when the helper took no part."""
+        _memmove(self.dst, self.src, self.front)
+        lock = self.lock
+        while True:
+            with lock:
+                if self.front >= self.back:
+                    if not self.busy:
+                        helped = self.back < self.n
+                        self.back = self.front  # nothing left for a late helper
+                        return 0.0 if helped else None
+                    self.waiting = True
+                    break
+                start = self.front
+                end = self.front = min(self.back, start + self.piece)
+            _memmove(self.dst + start, self.src + start, end - start)
+        t0 = time.monotonic()
+        self.done.acquire()
+        return time.monotonic() - t0
+
+
+#: A caller that waited longer than this for the helper's part turns sharing off for a
+#: while (:class:`_CopyHelper`).
+STALL_S = 0.001
+#: Longest pause of sharing after stalls (seconds).
+MAX_PAUSE_S = 30.0
 
 
 class _CopyHelper:
-    """The helper thread, started on first use (again in a forked child)."""
+    """The helper thread, started on first use (again in a forked child).
+
+    When the cores are loaded the helper can be descheduled in the middle of its part (or
+    wait for the GIL after it), and the caller waits for it: a 4 MiB copy that takes
+    ~0.3 ms alone took up to ~4 ms in ``bench_copy.py``'s loaded condition. So a wait
+    longer than :data:`STALL_S` pauses sharing (plain ``memmove`` in the caller) for 0.5 s,
+    doubling with each further stall up to :data:`MAX_PAUSE_S`; a copy the helper shared
+    without a stall resets the pause (one the caller copied alone, the helper late, says
+    nothing either way).
+    """
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[_Halves] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Shared] = queue.SimpleQueue()
         self._started = False
         self._lock = threading.Lock()
         #: Copies whose second part the helper wrote (for tests and statistics).
         self.helped = 0
+        #: Copies whose caller waited longer than STALL_S for the helper.
+        self.stalls = 0
+        self._streak = 0
+        self._paused_until = 0.0
 
     def copy(self, dst: int, src: int, n: int) -> None:
-        job = _Halves(dst, src, n)
+        if self._paused_until and time.monotonic() < self._paused_until:
+            _memmove(dst, src, n)
+            return
+        job = _Shared(dst, src, n)
         if not self._started:
             self._start()
         self._jobs.put(job)
-        job.run()
+        waited = job.run()
+        if waited is None:  # the caller copied it all: says nothing either way
+            return
+        if waited > STALL_S:
+            self.stalls += 1
+            self._streak += 1
+            pause = min(MAX_PAUSE_S, 0.5 * 2.0 ** min(self._streak - 1, 10))
+            self._paused_until = time.monotonic() + pause
+        elif self._streak:
+            self._streak = 0
+            self._paused_until = 0.0
 
     def _start(self) -> None:
         with self._lock:
@@ -127,6 +186,8 @@ class _CopyHelper:
         self._jobs = queue.SimpleQueue()
         self._started = False
         self._lock = threading.Lock()
+        self._streak = 0
+        self._paused_until = 0.0
 
 
 _helper = _CopyHelper()

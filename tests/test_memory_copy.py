@@ -170,3 +170,39 @@ def test_a_forked_child_copies_with_its_own_helper() -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_stalled_helper_pauses_sharing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A helper that is slow inside its part (as when descheduled): the caller waits for
+    it (the copy is whole), counts a stall, and copies alone while sharing is paused."""
+    import threading
+    import time
+
+    real = memory._memmove
+
+    def slow_in_helper(dst: int, src: int, n: int) -> int:
+        if threading.current_thread().name == "lmcache-copy-helper":
+            time.sleep(0.005)
+        return int(real(dst, src, n))
+
+    helper = memory._helper
+    monkeypatch.setattr(memory, "_memmove", slow_in_helper)
+    monkeypatch.setattr(helper, "_paused_until", 0.0)
+    monkeypatch.setattr(helper, "_streak", 0)
+    n = 4 << 20
+    src, dst = _bytes(n, 5), torch.zeros(n, dtype=torch.uint8)
+    stalls = helper.stalls
+    for _ in range(200):  # until the helper claims a part (it usually does at once)
+        dst.zero_()
+        memory.copy_into(dst, src)
+        assert torch.equal(dst, src)
+        if helper.stalls > stalls:
+            break
+    assert helper.stalls == stalls + 1
+    assert helper._paused_until > time.monotonic() + 0.3
+    helped = helper.helped
+    for _ in range(10):  # paused: the caller copies alone
+        dst.zero_()
+        memory.copy_into(dst, src)
+        assert torch.equal(dst, src)
+    assert helper.helped == helped and helper.stalls == stalls + 1
