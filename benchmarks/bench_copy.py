@@ -1,6 +1,6 @@
 """Host-copy primitives behind the cpu backend and the token database, measured here.
 
-1. A 4 MiB and a 32 MiB copy into a reused buffer, from sources taken in turn (128 MiB
+1. A 4, 8 and 32 MiB copy into a reused buffer, from sources taken in turn (128 MiB
    of them, so each copy reads memory, not cache, as a cache tier's hits do), three ways:
    ``torch.Tensor.copy_`` (split across torch's OpenMP threads: 2 on this machine), one
    ``memmove`` through ctypes in the calling thread, and
@@ -192,7 +192,7 @@ def main() -> None:
         f"{os.cpu_count()} cores, copy_into shares copies of >= {SPLIT_MIN} bytes, "
         f"load average before: {os.getloadavg()[0]:.1f}"
     )
-    sizes = (4 * MiB, 32 * MiB)
+    sizes = (4 * MiB, 8 * MiB, 32 * MiB)
     for n in sizes:
         copies("quiet", n, args.rounds, args.block)
     procs = start_load(600)

@@ -4,9 +4,9 @@ Host-to-host copies use ``memmove`` (through ctypes, which releases the GIL), no
 torch's ``copy_``: torch splits a large CPU copy across its OpenMP team (2 threads here),
 and when other work holds a core -- a vLLM worker's forward pass, other processes -- the
 team waits for its descheduled thread. ``benchmarks/bench_copy.py`` (interleaved, quiet
-and with one busy process per core) measured a 4 MiB ``copy_`` at 8-35 ms at the 90th
+and with one busy process per core) measured a 4 MiB ``copy_`` at 4-35 ms at the 90th
 percentile whenever other work ran, against under 0.7 ms for one ``memmove``; with both
-cores free ``copy_`` was faster (1.3-1.5x), since one thread does not reach the memory
+cores free ``copy_`` was up to ~1.9x faster, since one thread does not reach the memory
 bandwidth.
 
 Copies of at least :data:`SPLIT_MIN` bytes are shared with one helper thread: the
@@ -47,7 +47,7 @@ _memmove = ctypes.memmove
 
 #: Host copies of at least this many bytes are shared with the helper thread (``0``: never;
 #: the environment variable ``LMCACHE_CORE_COPY_SPLIT_MIN`` sets it, in bytes).
-SPLIT_MIN = int(os.environ.get("LMCACHE_CORE_COPY_SPLIT_MIN", str(2 << 20)))
+SPLIT_MIN = int(os.environ.get("LMCACHE_CORE_COPY_SPLIT_MIN", str(8 << 20)))
 #: Smallest piece of a shared copy.
 PIECE_MIN = 256 << 10
 

@@ -68,6 +68,13 @@ def test_empty_tensors_copy_nothing(memmoves: list[int]) -> None:
 
 
 # ---------------------------------------------------------------- large copies, two threads
+@pytest.fixture(autouse=True)
+def _share_from_2_mib(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copies are shared from 2 MiB on in these tests (the default is larger), so they
+    stay quick; the code path is the same."""
+    monkeypatch.setattr(memory, "SPLIT_MIN", 2 << 20)
+
+
 def _bytes(n: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
