@@ -59,6 +59,23 @@ def _old_tier(tmp_path: Path) -> Path:
     return root
 
 
+def _put_new(root: Path, n: int) -> None:
+    """Store ``new_key(i)`` -> ``old_value("b", i)`` for ``i < n`` in the namespace the
+    old tier does not have (layout 2)."""
+
+    async def body() -> None:
+        c = _b(root, NEW_NS)
+        await c.start()
+        try:
+            keys, vals = [new_key(i) for i in range(n)], [old_value("b", i) for i in range(n)]
+            assert all(await c.batched_put(keys, vals))
+            assert c._rel(keys[0]).startswith("ns2-")
+        finally:
+            await c.close()
+
+    run(body())
+
+
 def _cli(*args: str) -> tuple[int, Any]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
@@ -197,20 +214,7 @@ def test_an_older_tier_is_read_and_its_namespaces_keep_layout_1(tmp_path: Path) 
 
 def test_a_lost_index_is_rebuilt_from_both_layouts(tmp_path: Path) -> None:
     root = _old_tier(tmp_path)
-
-    async def fill() -> None:
-        c = _b(root, NEW_NS)
-        await c.start()
-        try:
-            assert all(
-                await c.batched_put(
-                    [new_key(i) for i in range(3)], [old_value("b", i) for i in range(3)]
-                )
-            )
-        finally:
-            await c.close()
-
-    run(fill())
+    _put_new(root, 3)
     for name in os.listdir(root / META_DIR):
         if name.startswith(INDEX_FILE):
             os.unlink(root / META_DIR / name)
@@ -236,16 +240,7 @@ def test_a_lost_index_is_rebuilt_from_both_layouts(tmp_path: Path) -> None:
 
 def test_gc_by_namespace_directory_in_either_layout(tmp_path: Path) -> None:
     root = _old_tier(tmp_path)
-
-    async def fill() -> None:
-        c = _b(root, NEW_NS)
-        await c.start()
-        try:
-            assert await c.put(new_key(0), old_value("a", 0))
-        finally:
-            await c.close()
-
-    run(fill())
+    _put_new(root, 1)
     flat = layout.namespace_dir(layout.namespace_json(NEW_NS))
     nested = layout.namespace_dir(layout.namespace_json(OLD_NS["b"]), flat=False)
     for ns_dir, left in ((flat, 6), (nested, 4)):
