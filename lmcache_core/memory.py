@@ -141,7 +141,7 @@ class _CopyHelper:
         self._jobs: queue.SimpleQueue[_Shared] = queue.SimpleQueue()
         self._started = False
         self._lock = threading.Lock()
-        #: Copies whose second part the helper wrote (for tests and statistics).
+        #: Copies the helper copied pieces of (for tests and statistics).
         self.helped = 0
         #: Copies whose caller waited longer than STALL_S for the helper.
         self.stalls = 0

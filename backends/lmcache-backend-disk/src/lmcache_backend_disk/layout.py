@@ -119,7 +119,7 @@ def key_location(ns_dir: str, key: CacheEngineKey) -> str:
     """Where ``key``'s object lives under the namespace directory ``ns_dir``:
     ``ab/<32 hex>`` (layout 2) or ``ab/cd/<32 hex>`` (layout 1)."""
     p = key.to_path()
-    return p[:3] + p[6:] if ns_dir.startswith(FLAT_PREFIX) else p
+    return p[:3] + p[6:] if is_flat(ns_dir) else p
 
 
 def object_relpath(ns_dir: str, key: CacheEngineKey) -> str:
@@ -219,7 +219,7 @@ def iter_files(tier: TierDir, top: str) -> Iterator[ObjectFile | TempFile]:
     (so are files at the other layout's depth); directories are entered without following
     links. Files vanishing during the walk are skipped.
     """
-    depth_of_objects = 2 if top.startswith(FLAT_PREFIX) else 3
+    depth_of_objects = 2 if is_flat(top) else 3
     stack = [top]
     while stack:
         rel_dir = stack.pop()

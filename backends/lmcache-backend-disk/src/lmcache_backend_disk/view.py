@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from lmcache_core.keys import CacheEngineKey
 
 from .index import IndexUnavailable
-from .layout import is_flat, is_object_relpath
+from .layout import is_object_relpath, key_location
 from .shared_index import SharedIndex, local_commits
 
 __all__ = ["MEMO_MAX", "KeyView"]
@@ -61,15 +61,16 @@ class ChangeLogOff(IndexUnavailable):
 
 class KeyView:
     """The locations (``ab/<32 hex>`` or, layout 1, ``ab/cd/<32 hex>``, relative to the
-    namespace directory) of every entry the shared index lists under ``ns_dir``, kept current as the module says.
+    namespace directory) of every entry the shared index lists under ``ns_dir``, kept
+    current as the module says.
 
     Thread-safe: lookups run in any thread; one thread at a time catches up, and the
     others wait for it (so a lookup never answers from before a commit it must see)."""
 
     def __init__(self, index: SharedIndex, ns_dir: str, refresh_s: float) -> None:
         self.index = index
+        self.ns_dir = ns_dir
         self.prefix = ns_dir + "/"
-        self._flat = is_flat(ns_dir)
         self.refresh_s = refresh_s
         self._names: set[str] = set()
         self._ok = False
@@ -94,8 +95,7 @@ class KeyView:
         remembered."""
         loc = self._memo.get(key)
         if loc is None:
-            p = key.to_path()
-            loc = p[:3] + p[6:] if self._flat else p
+            loc = key_location(self.ns_dir, key)
             memo = self._memo
             if len(memo) >= MEMO_MAX:
                 memo.clear()
