@@ -139,6 +139,8 @@ class _Size:
         """The tier measured (the disk tier; bench_gds measures its own)."""
         if self.args.disk_concurrency:
             opts["concurrency"] = self.args.disk_concurrency
+        if self.args.reads_in_flight:
+            opts["reads_in_flight"] = self.args.reads_in_flight
         return DiskBackend(opts, namespace=Namespace(model_name="bench-disk"))
 
     def make_dirs(self, keys: list[CacheEngineKey]) -> None:
@@ -154,7 +156,8 @@ class _Size:
         """The tier's settings, for the report."""
         b = self.backend
         assert isinstance(b, DiskBackend)
-        return f"disk concurrency={b.opts.concurrency}"
+        rif = getattr(b.opts, "reads_in_flight", "unlimited")  # (older versions: unlimited)
+        return f"disk concurrency={b.opts.concurrency}, reads in flight={rif}"
 
     def close(self) -> None:
         self.loop.run_until_complete(self.backend.close())
@@ -384,6 +387,12 @@ def main() -> None:
         type=int,
         default=0,
         help="the backend's concurrency (default: its own)",
+    )
+    ap.add_argument(
+        "--reads-in-flight",
+        type=int,
+        default=0,
+        help="the disk backend's reads_in_flight (default: its own)",
     )
     ap.add_argument(
         "--steady",

@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="exit 1 unless writes >= 0.8x and cold reads >= 0.9x")  # fmt: skip
     args = p.parse_args(argv)
     args.disk_concurrency = 0
+    args.reads_in_flight = 0  # bench_disk only (gds stripes keep the disk default)
     args.steady = False  # bench_disk only (the disk tier's directories)
     failed = False
     for mib in [int(x) for x in args.sizes.split(",") if x]:

@@ -208,6 +208,60 @@ def test_io_paths_round_trip(tmp_path: Path, direct_io: str) -> None:
     run(body())
 
 
+@pytest.mark.parametrize("limit", [1, 2])
+def test_reads_in_flight_bounds_the_device_reads_of_a_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: int
+) -> None:
+    """A batch of cold reads (aligned and plain buffers) issues at most
+    ``reads_in_flight`` data reads at once, every value bit-exact; the pool's other
+    threads wait for a turn rather than piling requests onto the device."""
+    import threading
+    import time
+
+    from lmcache_backend_disk import objects as objects_mod
+
+    real = os.preadv
+    lock = threading.Lock()
+    now, peak, big = [0], [0], [0]
+
+    def counting(fd: int, views: Any, offset: int) -> int:
+        size = sum(len(v) for v in views)
+        if size < 64 * 1024:  # headers and bounce blocks
+            return real(fd, views, offset)
+        with lock:
+            now[0] += 1
+            big[0] += 1
+            peak[0] = max(peak[0], now[0])
+        try:
+            time.sleep(0.005)  # long enough for the other pool threads to pile up
+            return real(fd, views, offset)
+        finally:
+            with lock:
+                now[0] -= 1
+
+    async def body() -> None:
+        b = _b(tmp_path / "tier", direct_io="true", reads_in_flight=limit)
+        await b.start()
+        try:
+            keys = [_key(i) for i in range(12)]
+            vals = [random_tensor((256 * 1024 + 4 * i,), torch.uint8, seed=i) for i in range(12)]
+            assert all(await b.batched_put(keys, vals))
+            outs = [
+                aligned_empty(v.shape, v.dtype) if i % 2 else torch.empty_like(v)
+                for i, v in enumerate(vals)
+            ]
+            monkeypatch.setattr(objects_mod.os, "preadv", counting)
+            assert await b.batched_get_into(keys, outs) == [True] * 12
+            assert all(same_bits(o, v) for o, v in zip(outs, vals, strict=True))
+        finally:
+            monkeypatch.setattr(objects_mod.os, "preadv", real)
+            await b.close()
+
+    run(body())
+    assert big[0] >= 12
+    assert peak[0] == limit
+
+
 def test_buffers_aligned_to_the_devices_dma_alignment_go_direct(tmp_path: Path) -> None:
     """Where the filesystem reports (``statx``) and the probe confirms a memory alignment
     finer than 4096 (512 on this machine's virtio disk, 4 on NVMe), tensors aligned to it

@@ -277,6 +277,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
             durable=durable,
             pool=self._buffers,
             mem_align=self.direct_mem_align,
+            reads_in_flight=self.opts.reads_in_flight,
         )
         self._index = SharedIndex(tier, self.file_mode, on_damage=self._index_damaged)
         self._view = KeyView(self._index, self._ns_dir, self.opts.lookup_refresh_s)

@@ -15,6 +15,7 @@ inode (unlinking keeps it alive), verified by its checksum: never a torn read.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import enum
 import errno
@@ -208,6 +209,7 @@ class ObjectIO:
         durable: bool,
         pool: BufferPool,
         mem_align: int = ALIGN,
+        reads_in_flight: int = 0,
     ) -> None:
         self.tier = tier
         #: Memory alignment an ``O_DIRECT`` transfer needs here (see
@@ -220,6 +222,17 @@ class ObjectIO:
         self.durable = durable
         self.pool = pool
         self.umask = current_umask()
+        #: ``O_DIRECT`` read requests allowed on the device at once (0: no limit). With
+        #: a whole batch in flight the device serves every read at once and they all land
+        #: near the end, so their checksums and copies run after the device went idle; a
+        #: few at a time, each read's CPU work overlaps the next ones
+        #: (``benchmarks/bench_disk.py``; docs/performance.md, "Reads a few at a time").
+        self.reads_in_flight = reads_in_flight
+        self._read_turns: threading.BoundedSemaphore | contextlib.nullcontext[None] = (
+            threading.BoundedSemaphore(reads_in_flight)
+            if reads_in_flight > 0
+            else contextlib.nullcontext()
+        )
 
     # ------------------------------------------------------------------ writing
     def write_temp(
@@ -478,7 +491,8 @@ class ObjectIO:
                 else:
                     body, tail = 0, 0
                     views = [buf.view[: round_up(head_len + piece)]]
-                got = os.preadv(fd, views, start) if views else 0
+                with self._read_turns:
+                    got = os.preadv(fd, views, start) if views else 0
                 if got != head_len + piece:
                     raise FormatError(f"short read: {start + got} of {size} bytes (truncated?)")
                 if aligned:
@@ -600,7 +614,8 @@ class ObjectIO:
         start = 0 if with_head else hlen
         buf = self.pool.take(round_up(size - start))
         try:
-            got = os.preadv(fd, [buf.view[: round_up(size - start)]], start)
+            with self._read_turns:
+                got = os.preadv(fd, [buf.view[: round_up(size - start)]], start)
             if got != size - start:
                 raise FormatError(f"short read: {got} of {size - start} bytes (truncated?)")
             stage = np.frombuffer(buf.view, dtype=np.uint8)
@@ -625,7 +640,8 @@ class ObjectIO:
             if tail:
                 views.append(bounce.view[head_len : head_len + ALIGN])
             start = 0 if with_head else hlen
-            got = os.preadv(fd, views, start) if views else 0
+            with self._read_turns:
+                got = os.preadv(fd, views, start) if views else 0
             if got != size - start:
                 raise FormatError(f"short read: {got} of {size - start} bytes (truncated?)")
             if tail:

@@ -50,6 +50,17 @@ class DiskOptions:
         "some Python work, so it takes more of them than a raw loop's 16 to keep a fast "
         "device's queue as full.",
     )
+    reads_in_flight: int = option(
+        2,
+        minimum=1,
+        maximum=256,
+        doc="O_DIRECT read requests (of up to 4 MiB) on the device at once; the pool's other "
+        "reads wait for a turn. A batch's reads then finish one after another and each one's "
+        "checksum (and copy into an unaligned buffer) overlaps the next reads, instead of "
+        "all of them landing together at the end and their CPU work trailing the device. "
+        "Raise it for a device that needs more requests in flight (bench_disk.py prints qd1 "
+        "against qd16).",
+    )
     io_nice: int = option(
         0,
         minimum=0,

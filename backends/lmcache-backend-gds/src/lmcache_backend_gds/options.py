@@ -60,7 +60,8 @@ class GdsOptions:
         minimum=4096,
         doc="kvikio task size: a device transfer larger than this is split into tasks of "
         "this size run in parallel on kvikio's threads. The POSIX path issues one request "
-        "per object (a batch keeps io_threads of them in flight).",
+        "per object (a batch keeps io_threads writes in flight, and its reads two at a time "
+        "per directory, as the disk tier's reads_in_flight).",
     )
     force_posix: bool = option(
         False,

@@ -65,6 +65,7 @@ class GdsStripe(DiskBackend):
                 durable=io.durable,
                 pool=io.pool,
                 mem_align=io.mem_align,
+                reads_in_flight=io.reads_in_flight,
                 kvikio=kvikio,
                 task_size=self.task_size,
             )
