@@ -491,8 +491,7 @@ class ObjectIO:
                 else:
                     body, tail = 0, 0
                     views = [buf.view[: round_up(head_len + piece)]]
-                with self._read_turns:
-                    got = os.preadv(fd, views, start) if views else 0
+                got = self._data_read(fd, views, start)
                 if got != head_len + piece:
                     raise FormatError(f"short read: {start + got} of {size} bytes (truncated?)")
                 if aligned:
@@ -509,6 +508,14 @@ class ObjectIO:
                     return head, hasher.hexdigest()
         finally:
             self.pool.give(buf)
+
+    def _data_read(self, fd: int, views: list[memoryview], offset: int) -> int:
+        """One ``O_DIRECT`` read of object data into ``views`` (``0`` for none), on one of
+        the device's ``reads_in_flight`` turns. Header reads (a block or two) take none."""
+        if not views:
+            return 0
+        with self._read_turns:
+            return os.preadv(fd, views, offset)
 
     def _explain_mismatch(
         self, raw: bytes, size: int, key: str, ns_json: str, out: torch.Tensor
@@ -614,8 +621,7 @@ class ObjectIO:
         start = 0 if with_head else hlen
         buf = self.pool.take(round_up(size - start))
         try:
-            with self._read_turns:
-                got = os.preadv(fd, [buf.view[: round_up(size - start)]], start)
+            got = self._data_read(fd, [buf.view[: round_up(size - start)]], start)
             if got != size - start:
                 raise FormatError(f"short read: {got} of {size - start} bytes (truncated?)")
             stage = np.frombuffer(buf.view, dtype=np.uint8)
@@ -640,8 +646,7 @@ class ObjectIO:
             if tail:
                 views.append(bounce.view[head_len : head_len + ALIGN])
             start = 0 if with_head else hlen
-            with self._read_turns:
-                got = os.preadv(fd, views, start) if views else 0
+            got = self._data_read(fd, views, start)
             if got != size - start:
                 raise FormatError(f"short read: {got} of {size - start} bytes (truncated?)")
             if tail:
