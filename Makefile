@@ -13,7 +13,7 @@ DISTS  := $(filter-out backends/_template,$(patsubst %/,%,$(sort $(dir $(wildcar
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile $(wildcard backends/*/pyproject.toml plugins/*/pyproject.toml)
+$(STAMP): pyproject.toml setup.py lmcache_core/_speedups.c Makefile $(wildcard backends/*/pyproject.toml plugins/*/pyproject.toml)
 	$(STAGE) venv-create $(PYTHON) -m venv $(VENV)
 	$(STAGE) pip-upgrade $(BIN)/pip install -q --upgrade pip
 	$(STAGE) torch $(BIN)/pip install -q torch==2.13.0
@@ -66,7 +66,7 @@ PEER_DEPS  := 'numpy<=2.2.6' numba 'transformers>=5.4' sortedcontainers requests
               psutil py-cpuinfo aiofiles aiofile aiohttp cryptography 'prometheus_client<=0.24.1' \
               pyzmq blake3 cachetools 'setuptools<81'
 
-$(PEER_STAMP): pyproject.toml Makefile $(wildcard backends/*/pyproject.toml plugins/*/pyproject.toml)
+$(PEER_STAMP): pyproject.toml setup.py lmcache_core/_speedups.c Makefile $(wildcard backends/*/pyproject.toml plugins/*/pyproject.toml)
 	$(STAGE) peer-venv $(PYTHON) -m venv $(PEER)
 	$(STAGE) peer-pip $(PEER)/bin/pip install -q --upgrade pip
 	$(STAGE) peer-torch $(PEER)/bin/pip install -q torch==2.13.0

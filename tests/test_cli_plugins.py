@@ -196,6 +196,10 @@ def test_no_command_prints_usage_and_version_works():
     assert res.returncode == 2 and "plugins" in res.stderr and "backends" in res.stderr
     ver = run("--version")
     assert ver.returncode == 0 and ver.stdout.startswith("lmcache-core ")
+    from lmcache_core import token_db
+
+    on = token_db._native_int32_le is not None
+    assert ("compiled speedups: on" in ver.stdout) is on, ver.stdout
 
 
 def test_dispatcher_skips_missing_modules_and_reports_broken_ones(capsys):

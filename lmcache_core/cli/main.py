@@ -65,6 +65,15 @@ def _version() -> str:
     return core_version()
 
 
+def _speedups() -> str:
+    """Whether the optional compiled helper (``lmcache_core._speedups``) was built."""
+    try:
+        from .. import _speedups  # noqa: F401  (a tiny C module: no numpy, no torch)
+    except ImportError:
+        return "compiled speedups: off (not built at install: pure-Python token conversion)"
+    return "compiled speedups: on"
+
+
 def add_plugin_commands(subparsers: Any, pm: Any | None = None) -> list[str]:
     """Call every plugin's ``lmcache_register_commands(subparsers)`` hook, each on its own.
 
@@ -115,7 +124,9 @@ def build_parser(
         prog="lmcache-core",
         description="Tiered KV-cache storage for LLM serving: plugins, backends, tiers, data.",
     )
-    parser.add_argument("--version", action="version", version=f"lmcache-core {_version()}")
+    parser.add_argument(
+        "--version", action="version", version=f"lmcache-core {_version()} ({_speedups()})"
+    )
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name in modules:
         module = _import_command_module(name)
