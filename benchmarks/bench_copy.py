@@ -1,12 +1,14 @@
 """Host-copy primitives behind the cpu backend and the token database, measured here.
 
-1. A 4, 8 and 32 MiB copy into a reused buffer, from sources taken in turn (128 MiB
+1. A 2, 4, 8 and 32 MiB copy into a reused buffer, from sources taken in turn (128 MiB
    of them, so each copy reads memory, not cache, as a cache tier's hits do), three ways:
    ``torch.Tensor.copy_`` (split across torch's OpenMP threads: 2 on this machine), one
    ``memmove`` through ctypes in the calling thread, and
    ``lmcache_core.memory.copy_into`` (``memmove``, shared with its helper thread from
    ``SPLIT_MIN`` bytes on: the caller copies the first half, then caller and helper
-   take pieces of the rest from both ends), in two conditions:
+   take pieces of the rest from both ends; the compiled helper of
+   ``lmcache_core._speedups`` where it was built, else the Python one: the first line
+   says which), in two conditions:
 
    * quiet: nothing else started by this benchmark (the machine may still be shared:
      the load average is printed);
@@ -19,7 +21,8 @@
    measurements of one thing differ in the same conditions. Medians and 90th
    percentiles are printed: a stalled OpenMP team shows in both.
 2. Per-call overhead of a 1 KiB copy: ``copy_into`` vs ``numpy.copyto`` on fresh views.
-3. Packing 32k Python ints as int32: module-level ``struct.pack`` vs a compiled ``Struct``.
+3. Packing 32k Python ints as int32: module-level ``struct.pack`` vs a compiled ``Struct``
+   (and the compiled ``lmcache_core._speedups.int32_le`` where it was built).
 
 With ``--fresh`` only this runs instead: a 4 MiB copy into fresh memory, the staging
 pool's question (``lmcache_core.hierarchy.staging``): into a new ``torch.empty`` (every
@@ -40,6 +43,7 @@ import os
 import struct
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +52,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _util import aa_spread, interleaved_samples, pct
 
-from lmcache_core import memory
+from lmcache_core import memory, token_db
 from lmcache_core.memory import SPLIT_MIN, copy_into, populated_empty
 
 MiB = 1 << 20
@@ -99,7 +103,7 @@ def copies(label: str, nbytes: int, rounds: int, block: int) -> dict[str, float]
         s = src()
         ctypes.memmove(dst.data_ptr(), s.data_ptr(), nbytes)
 
-    helped, stalls = memory._helper.helped, memory._helper.stalls
+    _, helped, stalls = memory.shared_copy_stats()
     s = interleaved_samples(
         {
             "torch A": lambda: dst.copy_(src()),
@@ -112,8 +116,8 @@ def copies(label: str, nbytes: int, rounds: int, block: int) -> dict[str, float]
         rounds=rounds,
         block=block,
     )
-    helped = memory._helper.helped - helped
-    stalls = memory._helper.stalls - stalls
+    _, helped_now, stalls_now = memory.shared_copy_stats()
+    helped, stalls = helped_now - helped, stalls_now - stalls
     copy_into(dst, srcs[0])
     assert torch.equal(dst, srcs[0])
     gbs = nbytes / 1e9
@@ -189,10 +193,11 @@ def main() -> None:
         return
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, "
-        f"{os.cpu_count()} cores, copy_into shares copies of >= {SPLIT_MIN} bytes, "
+        f"{os.cpu_count()} cores, copy_into shares copies of >= {SPLIT_MIN} bytes "
+        f"({memory.shared_copy_stats()[0]} helper), "
         f"load average before: {os.getloadavg()[0]:.1f}"
     )
-    sizes = (4 * MiB, 8 * MiB, 32 * MiB)
+    sizes = (2 * MiB, 4 * MiB, 8 * MiB, 32 * MiB)
     for n in sizes:
         copies("quiet", n, args.rounds, args.block)
     procs = start_load(600)
@@ -221,14 +226,19 @@ def main() -> None:
 
     ints = list(range(32768))
     packer = struct.Struct("<32768i").pack
-    s = interleaved_samples(
-        {"module": lambda: struct.pack("<32768i", *ints), "compiled": lambda: packer(*ints)},
-        rounds=12,
-        block=5,
-    )
+    fns: dict[str, Callable[[], object]] = {
+        "module": lambda: struct.pack("<32768i", *ints),
+        "compiled": lambda: packer(*ints),
+    }
+    native = token_db._native_int32_le
+    if native is not None:
+        assert native(ints) == packer(*ints)
+        fns["native"] = lambda: native(ints)
+    s = interleaved_samples(fns, rounds=12, block=5)
     print(
         f"32k ints -> int32: struct.pack {pct(s['module'], 50) * 1e6:.0f} us, "
         f"compiled Struct.pack {pct(s['compiled'], 50) * 1e6:.0f} us"
+        + (f", _speedups.int32_le {pct(s['native'], 50) * 1e6:.0f} us" if native else "")
     )
 
 

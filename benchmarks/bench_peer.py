@@ -814,7 +814,16 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
         if "token" in args.parts:
             rows += bench_token_db(args.reps)
         if "cpu" in args.parts:
+            from lmcache_core.memory import shared_copy_stats
+
+            kind, helped, stalls = shared_copy_stats()
             rows += bench_cpu(args.reps)
+            _, helped2, stalls2 = shared_copy_stats()
+            print(
+                f"  cpu tier: {kind} copy helper took part in {helped2 - helped} copies, "
+                f"{stalls2 - stalls} stalls (each pauses sharing)",
+                flush=True,
+            )
         if "lookups" in args.parts:
             rows += bench_disk_lookups(work, args.reps)
         print(f"  token DB, cpu tier, lookups: {time.perf_counter() - t0:.0f} s", flush=True)

@@ -12,10 +12,38 @@
  *     a bool, a numpy integer scalar, an id out of range, anything else). No Python code
  *     runs while it reads the sequence (exact ints only), so the list cannot change
  *     under it.
+ *
+ * copy_shared(dst, src, n) -> None
+ *     Copy n bytes between two non-overlapping host addresses with the GIL released,
+ *     shared with one helper thread (a plain pthread, started on first use and again in
+ *     a forked child). The algorithm of lmcache_core.memory's Python helper, without its
+ *     wake-up cost (a Python thread needs the GIL to start: ~0.1 ms here; a pthread
+ *     blocked on a condition variable ~5 us): the caller posts the copy and copies the
+ *     first half; then both take pieces of the rest under one mutex, the caller from the
+ *     front, the helper from the back. The caller never waits for a helper that has not
+ *     started, only for the one piece the helper may hold when the caller runs out, and
+ *     returns only when every byte is in place. A stall pauses sharing for 0.5 s,
+ *     doubling per further stall up to 30 s: the caller waited over 1 ms for the
+ *     helper's piece, or a shared copy ran over 1 ms longer than 4 GB/s would (a 4 MiB
+ *     copy takes ~0.3 ms alone) while the helper copied under a quarter of it (a late
+ *     or descheduled helper; a copy slowed for both, as by page faults in a fresh
+ *     buffer, is no reason to stop sharing). With other work on every core, waking a second thread of ours
+ *     displaces that work and one of our two threads gets descheduled: the copy runs
+ *     long while one memmove alone would not. One copy is shared at a time: a second caller meanwhile copies alone, as do overlapping
+ *     ranges.
+ * copy_stats() -> (helped, stalls, paused_s)
+ * copy_debug(claim_delay_us, piece_delay_us[, caller_delay_us]) -> None
+ *     (tests: a slow helper, a caller descheduled after posting its copy)
+ * copy_reset() -> None                                 (tests: clear the pause)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 static PyObject *
 int32_le(PyObject *module, PyObject *tokens)
@@ -64,10 +92,328 @@ decline:
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ shared copies */
+
+typedef struct {
+    char *dst;
+    const char *src;
+    size_t n;
+    size_t piece;
+    size_t front; /* the caller's next byte; guarded by mu */
+    size_t back;  /* the end of what is left for the helper; guarded by mu */
+    int busy;     /* the helper is copying a piece it claimed */
+    int waiting;  /* the caller waits for that piece */
+} shared_job;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t job_posted = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t piece_done = PTHREAD_COND_INITIALIZER;
+static shared_job *current;       /* the copy being shared, NULL when none */
+static unsigned long generation;  /* bumped per posted copy */
+static int helper_running;        /* in this process (reset in a forked child) */
+static unsigned long long n_helped, n_stalls;
+static int64_t paused_until_ns;
+static int stall_streak;
+static unsigned claim_delay_us, piece_delay_us, caller_delay_us; /* tests only */
+
+#define PIECE_MIN ((size_t)256 << 10)
+#define STALL_NS ((int64_t)1000000)
+#define MAX_PAUSE_NS ((int64_t)30000000000LL)
+
+static int64_t
+now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static void
+sleep_us(unsigned us)
+{
+    struct timespec t = {us / 1000000u, (long)(us % 1000000u) * 1000L};
+    while (nanosleep(&t, &t) != 0 && errno == EINTR) {
+    }
+}
+
+static void *
+helper_main(void *arg)
+{
+    (void)arg;
+    unsigned long seen = 0;
+    pthread_mutex_lock(&mu);
+    for (;;) {
+        while (current == NULL || generation == seen) {
+            pthread_cond_wait(&job_posted, &mu);
+        }
+        seen = generation;
+        shared_job *job = current;
+        if (claim_delay_us) {
+            unsigned d = claim_delay_us;
+            pthread_mutex_unlock(&mu);
+            sleep_us(d);
+            pthread_mutex_lock(&mu);
+        }
+        int helped = 0;
+        /* `job` is only touched under mu while it is `current`: the caller clears
+           `current` (and may return) only when no piece of the helper is in flight. */
+        while (current == job && !job->waiting && job->back > job->front) {
+            size_t end = job->back;
+            size_t start = end - job->front > job->piece ? end - job->piece : job->front;
+            job->back = start;
+            job->busy = 1;
+            unsigned d = piece_delay_us;
+            pthread_mutex_unlock(&mu);
+            if (d) {
+                sleep_us(d);
+            }
+            memcpy(job->dst + start, job->src + start, end - start);
+            pthread_mutex_lock(&mu);
+            job->busy = 0;
+            helped = 1;
+            if (job->waiting) {
+                pthread_cond_signal(&piece_done);
+            }
+        }
+        if (helped) {
+            n_helped++;
+        }
+    }
+    return NULL;
+}
+
+/* fork(): the forking thread holds mu across it (no copy is half-posted in the child);
+   the child then starts from fresh primitives with no helper until its first shared copy
+   (threads, the helper and any other caller, do not come along). */
+static void
+before_fork(void)
+{
+    pthread_mutex_lock(&mu);
+}
+
+static void
+after_fork_parent(void)
+{
+    pthread_mutex_unlock(&mu);
+}
+
+static void
+after_fork_child(void)
+{
+    pthread_mutex_init(&mu, NULL);
+    pthread_cond_init(&job_posted, NULL);
+    pthread_cond_init(&piece_done, NULL);
+    current = NULL;
+    helper_running = 0;
+    stall_streak = 0;
+    paused_until_ns = 0;
+}
+
+/* Called with mu held. 0 when the helper runs (or was started). */
+static int
+ensure_helper(void)
+{
+    if (helper_running) {
+        return 0;
+    }
+    pthread_attr_t attr;
+    pthread_t tid;
+    if (pthread_attr_init(&attr) != 0) {
+        return -1;
+    }
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 256 << 10);
+    int rc = pthread_create(&tid, &attr, helper_main, NULL);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        return -1;
+    }
+    helper_running = 1;
+    return 0;
+}
+
+/* The copy itself, without the GIL. */
+static void
+shared_copy(char *dst, const char *src, size_t n)
+{
+    int64_t t_start = now_ns();
+    pthread_mutex_lock(&mu);
+    if (current != NULL || (paused_until_ns && now_ns() < paused_until_ns) ||
+        ensure_helper() != 0) {
+        pthread_mutex_unlock(&mu);
+        memmove(dst, src, n);
+        return;
+    }
+    shared_job job;
+    job.dst = dst;
+    job.src = src;
+    job.n = n;
+    job.piece = (n / 16) & ~(size_t)4095;
+    if (job.piece < PIECE_MIN) {
+        job.piece = PIECE_MIN;
+    }
+    job.front = (n / 2) & ~(size_t)4095;
+    job.back = n;
+    job.busy = 0;
+    job.waiting = 0;
+    current = &job;
+    generation++;
+    pthread_cond_signal(&job_posted);
+    size_t first = job.front;
+    unsigned caller_delay = caller_delay_us;
+    pthread_mutex_unlock(&mu);
+
+    if (caller_delay) {
+        sleep_us(caller_delay);
+    }
+    memcpy(dst, src, first);
+
+    int64_t waited = -1; /* -1: the helper took no part */
+    pthread_mutex_lock(&mu);
+    for (;;) {
+        if (job.front >= job.back) {
+            if (job.busy) {
+                int64_t t0 = now_ns();
+                job.waiting = 1;
+                while (job.busy) {
+                    pthread_cond_wait(&piece_done, &mu);
+                }
+                waited = now_ns() - t0;
+            } else if (job.back < n) {
+                waited = 0;
+            }
+            break;
+        }
+        size_t start = job.front;
+        size_t end = start + job.piece < job.back ? start + job.piece : job.back;
+        job.front = end;
+        pthread_mutex_unlock(&mu);
+        memcpy(dst + start, src + start, end - start);
+        pthread_mutex_lock(&mu);
+    }
+    current = NULL; /* nothing is left for a late helper; it lets go of `job` */
+    /* A stall (see the top of this file): waited for the helper, or ran long. */
+    size_t helper_bytes = n - job.front; /* the caller's share ends at job.front */
+    int64_t slow = STALL_NS + (int64_t)(n >> 2);
+    if (waited > STALL_NS || (helper_bytes < n / 4 && now_ns() - t_start > slow)) {
+        n_stalls++;
+        stall_streak++;
+        int shift = stall_streak - 1 < 10 ? stall_streak - 1 : 10;
+        int64_t pause = (int64_t)500000000LL << shift;
+        if (pause > MAX_PAUSE_NS) {
+            pause = MAX_PAUSE_NS;
+        }
+        paused_until_ns = now_ns() + pause;
+    } else if (waited >= 0 && stall_streak) {
+        stall_streak = 0;
+        paused_until_ns = 0;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+static PyObject *
+copy_shared(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "copy_shared(dst, src, n) takes 3 arguments");
+        return NULL;
+    }
+    uintptr_t dst = (uintptr_t)PyLong_AsVoidPtr(args[0]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    uintptr_t src = (uintptr_t)PyLong_AsVoidPtr(args[1]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
+    if (n == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "copy_shared: negative size");
+        return NULL;
+    }
+    if (n == 0) {
+        Py_RETURN_NONE;
+    }
+    int overlap = !(dst >= src + (size_t)n || src >= dst + (size_t)n);
+    Py_BEGIN_ALLOW_THREADS
+    if (overlap || (size_t)n < 2 * PIECE_MIN) {
+        memmove((char *)dst, (const char *)src, (size_t)n);
+    } else {
+        shared_copy((char *)dst, (const char *)src, (size_t)n);
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+copy_stats(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    unsigned long long helped, stalls;
+    int64_t paused;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&mu);
+    helped = n_helped;
+    stalls = n_stalls;
+    paused = paused_until_ns ? paused_until_ns - now_ns() : 0;
+    pthread_mutex_unlock(&mu);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(KKd)", helped, stalls, paused > 0 ? (double)paused / 1e9 : 0.0);
+}
+
+static PyObject *
+copy_debug(PyObject *module, PyObject *args)
+{
+    (void)module;
+    unsigned int claim_us, piece_us, caller_us = 0;
+    if (!PyArg_ParseTuple(args, "II|I", &claim_us, &piece_us, &caller_us)) {
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&mu);
+    claim_delay_us = claim_us;
+    piece_delay_us = piece_us;
+    caller_delay_us = caller_us;
+    pthread_mutex_unlock(&mu);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+copy_reset(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&mu);
+    stall_streak = 0;
+    paused_until_ns = 0;
+    pthread_mutex_unlock(&mu);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static int fork_handler_set;
+
 static PyMethodDef speedups_methods[] = {
     {"int32_le", int32_le, METH_O,
      "int32_le(tokens) -> bytes | None: int32 little-endian bytes of a list or tuple of "
      "exact ints in the int32 range; None for any other input."},
+    {"copy_shared", (PyCFunction)(void (*)(void))copy_shared, METH_FASTCALL,
+     "copy_shared(dst, src, n): copy n bytes between host addresses, the GIL released, "
+     "shared with a helper thread when large enough and not overlapping."},
+    {"copy_stats", copy_stats, METH_NOARGS,
+     "copy_stats() -> (helped, stalls, paused_s): copies the helper took part in, waits "
+     "over 1 ms for it, seconds left of the current pause of sharing."},
+    {"copy_debug", copy_debug, METH_VARARGS,
+     "copy_debug(claim_delay_us, piece_delay_us[, caller_delay_us]): make the helper or "
+     "the caller of a shared copy slow (tests only)."},
+    {"copy_reset", copy_reset, METH_NOARGS, "copy_reset(): end a pause of sharing."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -86,5 +432,12 @@ static struct PyModuleDef speedups_module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
+    if (!fork_handler_set) {
+        if (pthread_atfork(before_fork, after_fork_parent, after_fork_child) != 0) {
+            PyErr_SetString(PyExc_OSError, "pthread_atfork failed");
+            return NULL;
+        }
+        fork_handler_set = 1;
+    }
     return PyModuleDef_Init(&speedups_module);
 }

@@ -3,6 +3,8 @@ shape, torch's ``copy_`` for everything else, and the same bytes either way."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -70,9 +72,51 @@ def test_empty_tensors_copy_nothing(memmoves: list[int]) -> None:
 # ---------------------------------------------------------------- large copies, two threads
 @pytest.fixture(autouse=True)
 def _share_from_2_mib(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Copies are shared from 2 MiB on in these tests (the default is larger), so they
-    stay quick; the code path is the same."""
+    """Copies are shared from 2 MiB on in these tests (the Python helper's default is
+    larger), so they stay quick; the code path is the same."""
     monkeypatch.setattr(memory, "SPLIT_MIN", 2 << 20)
+
+
+try:
+    from lmcache_core import _speedups
+except ImportError:  # pragma: no cover - only where no C compiler was available
+    _speedups = None  # type: ignore[assignment]
+
+
+class _Impl:
+    """One implementation of the shared copy, with what the tests read of it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def helped(self) -> int:
+        return _speedups.copy_stats()[0] if self.name == "native" else memory._helper.helped
+
+    def stalls(self) -> int:
+        return _speedups.copy_stats()[1] if self.name == "native" else memory._helper.stalls
+
+    def paused_s(self) -> float:
+        if self.name == "native":
+            return _speedups.copy_stats()[2]
+        return max(0.0, memory._helper._paused_until - __import__("time").monotonic())
+
+
+@pytest.fixture(params=["native", "python"])
+def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Impl]:
+    """The compiled helper (``lmcache_core._speedups.copy_shared``) and the Python one."""
+    if request.param == "native":
+        if _speedups is None:
+            pytest.skip("lmcache_core._speedups was not built (no C compiler at install)")
+        monkeypatch.setattr(memory, "_native_copy", _speedups.copy_shared)
+        _speedups.copy_reset()
+        yield _Impl("native")
+        _speedups.copy_debug(0, 0)
+        _speedups.copy_reset()
+    else:
+        monkeypatch.setattr(memory, "_native_copy", None)
+        monkeypatch.setattr(memory._helper, "_paused_until", 0.0)
+        monkeypatch.setattr(memory._helper, "_streak", 0)
+        yield _Impl("python")
 
 
 def _bytes(n: int, seed: int) -> torch.Tensor:
@@ -80,8 +124,8 @@ def _bytes(n: int, seed: int) -> torch.Tensor:
     return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
 
 
-@pytest.mark.parametrize("delta", [-1, 0, 1, 4095, (3 << 20) + 7])
-def test_large_copies_land_whole_around_the_split_size(delta: int) -> None:
+@pytest.mark.parametrize("delta", [-1, 0, 1, 4095, (3 << 20) + 7, (29 << 20) + 4093])
+def test_large_copies_land_whole_around_the_split_size(impl: _Impl, delta: int) -> None:
     n = memory.SPLIT_MIN + delta
     src = _bytes(n, delta & 0xFFFF)
     dst = torch.zeros(n + 2, dtype=torch.uint8)  # a guard byte on each side
@@ -90,15 +134,15 @@ def test_large_copies_land_whole_around_the_split_size(delta: int) -> None:
     assert dst[0] == 0 and dst[n + 1] == 0
 
 
-def test_the_helper_thread_copies_part_of_large_copies() -> None:
+def test_the_helper_thread_copies_part_of_large_copies(impl: _Impl) -> None:
     n = 8 << 20
     src, dst = _bytes(n, 1), torch.zeros(n, dtype=torch.uint8)
-    before = memory._helper.helped
+    before = impl.helped()
     for _ in range(40):
         dst.zero_()
         memory.copy_into(dst, src)
         assert torch.equal(dst, src)
-    assert memory._helper.helped > before  # fails if the caller always copied alone
+    assert impl.helped() > before  # fails if the caller always copied alone
 
 
 def test_a_helper_that_never_starts_does_not_hold_the_caller(
@@ -108,6 +152,7 @@ def test_a_helper_that_never_starts_does_not_hold_the_caller(
     import queue
     import time
 
+    monkeypatch.setattr(memory, "_native_copy", None)
     monkeypatch.setattr(memory._helper, "_jobs", queue.SimpleQueue())
     monkeypatch.setattr(memory._helper, "_started", True)
     n = 4 << 20
@@ -120,16 +165,67 @@ def test_a_helper_that_never_starts_does_not_hold_the_caller(
     assert time.monotonic() - t0 < 5.0
 
 
-def test_overlapping_ranges_copy_as_one_memmove(memmoves: list[int]) -> None:
+@pytest.mark.skipif(_speedups is None, reason="lmcache_core._speedups was not built")
+def test_a_native_helper_slow_to_claim_leaves_the_copy_to_the_caller() -> None:
+    """The native helper made to sleep 50 ms after waking, before it claims a piece (as
+    when its core is taken): each copy is whole, by the caller, without waiting for it."""
+    import time
+
+    _speedups.copy_reset()
+    _speedups.copy_debug(50_000, 0)
+    try:
+        n = 4 << 20
+        src, dst = _bytes(n, 7), torch.zeros(n, dtype=torch.uint8)
+        helped = _speedups.copy_stats()[0]
+        t0 = time.monotonic()
+        for _ in range(5):
+            dst.zero_()
+            _speedups.copy_shared(dst.data_ptr(), src.data_ptr(), n)
+            assert torch.equal(dst, src)
+        assert time.monotonic() - t0 < 0.2  # five copies, never a 50 ms wait
+        assert _speedups.copy_stats()[0] == helped
+    finally:
+        _speedups.copy_debug(0, 0)
+        time.sleep(0.06)  # the helper's last sleep ends; it finds nothing to claim
+
+
+def test_overlapping_ranges_copy_as_one_memmove(impl: _Impl) -> None:
     n = memory.SPLIT_MIN + (1 << 20)
     buf = _bytes(n + 4096, 3)
     want = buf[:n].clone()
+    helped = impl.helped()
     memory.host_copy(buf.data_ptr() + 4096, buf.data_ptr(), n)  # forward overlap
     assert torch.equal(buf[4096:], want)
+    buf = _bytes(n + 4096, 4)
+    want = buf[4096:].clone()
+    memory.host_copy(buf.data_ptr(), buf.data_ptr() + 4096, n)  # backward overlap
+    assert torch.equal(buf[:n], want)
+    assert impl.helped() == helped
+
+
+def test_overlapping_ranges_take_the_python_path_as_one_memmove(
+    memmoves: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(memory, "_native_copy", None)
+    n = memory.SPLIT_MIN + (1 << 20)
+    buf = _bytes(n + 4096, 3)
+    memory.host_copy(buf.data_ptr() + 4096, buf.data_ptr(), n)
     assert memmoves == [n]
 
 
-def test_copies_from_many_threads_at_once() -> None:
+@pytest.mark.skipif(_speedups is None, reason="lmcache_core._speedups was not built")
+def test_native_copy_checks_its_arguments() -> None:
+    buf = torch.zeros(16, dtype=torch.uint8)
+    with pytest.raises(ValueError):
+        _speedups.copy_shared(buf.data_ptr(), buf.data_ptr(), -1)
+    with pytest.raises(TypeError):
+        _speedups.copy_shared(buf.data_ptr(), buf.data_ptr())  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _speedups.copy_shared("x", buf.data_ptr(), 1)  # type: ignore[arg-type]
+    _speedups.copy_shared(0, 0, 0)  # nothing to copy: no address is touched
+
+
+def test_copies_from_many_threads_at_once(impl: _Impl) -> None:
     import threading
 
     n = (3 << 20) + 123
@@ -152,7 +248,7 @@ def test_copies_from_many_threads_at_once() -> None:
     assert errors == []
 
 
-def test_a_forked_child_copies_with_its_own_helper() -> None:
+def test_a_forked_child_copies_with_its_own_helper(impl: _Impl) -> None:
     import os
 
     import numpy as np
@@ -168,48 +264,95 @@ def test_a_forked_child_copies_with_its_own_helper() -> None:
             dst_np = np.zeros(n, dtype=np.uint8)
             dst = torch.from_numpy(dst_np)
             ok = True
-            for _ in range(20):
+            helped = impl.helped()
+            for _ in range(40):
                 dst_np[:] = 0
                 memory.copy_into(dst, src)
                 ok = ok and bool(np.array_equal(dst_np, src_np))
-            code = 0 if ok and memory._helper._started else 1
+            started = memory._helper._started if impl.name == "python" else True
+            code = 0 if ok and started and impl.helped() > helped else 1
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
 
 
-def test_a_stalled_helper_pauses_sharing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stalled_helper_pauses_sharing(impl: _Impl, monkeypatch: pytest.MonkeyPatch) -> None:
     """A helper that is slow inside its part (as when descheduled): the caller waits for
     it (the copy is whole), counts a stall, and copies alone while sharing is paused."""
     import threading
     import time
 
-    real = memory._memmove
+    if impl.name == "native":
+        _speedups.copy_debug(0, 5000)  # 5 ms inside each piece the helper claims
+    else:
+        real = memory._memmove
 
-    def slow_in_helper(dst: int, src: int, n: int) -> int:
-        if threading.current_thread().name == "lmcache-copy-helper":
-            time.sleep(0.005)
-        return int(real(dst, src, n))
+        def slow_in_helper(dst: int, src: int, n: int) -> int:
+            if threading.current_thread().name == "lmcache-copy-helper":
+                time.sleep(0.005)
+            return int(real(dst, src, n))
 
-    helper = memory._helper
-    monkeypatch.setattr(memory, "_memmove", slow_in_helper)
-    monkeypatch.setattr(helper, "_paused_until", 0.0)
-    monkeypatch.setattr(helper, "_streak", 0)
+        monkeypatch.setattr(memory, "_memmove", slow_in_helper)
     n = 4 << 20
     src, dst = _bytes(n, 5), torch.zeros(n, dtype=torch.uint8)
-    stalls = helper.stalls
+    stalls = impl.stalls()
     for _ in range(200):  # until the helper claims a part (it usually does at once)
         dst.zero_()
         memory.copy_into(dst, src)
         assert torch.equal(dst, src)
-        if helper.stalls > stalls:
+        if impl.stalls() > stalls:
             break
-    assert helper.stalls == stalls + 1
-    assert helper._paused_until > time.monotonic() + 0.3
-    helped = helper.helped
+    assert impl.stalls() == stalls + 1
+    assert impl.paused_s() > 0.3
+    helped = impl.helped()
     for _ in range(10):  # paused: the caller copies alone
         dst.zero_()
         memory.copy_into(dst, src)
         assert torch.equal(dst, src)
-    assert helper.helped == helped and helper.stalls == stalls + 1
+    assert impl.helped() == helped and impl.stalls() == stalls + 1
+
+
+@pytest.mark.skipif(_speedups is None, reason="lmcache_core._speedups was not built")
+def test_a_native_copy_that_runs_long_without_its_helper_pauses_sharing() -> None:
+    """The caller descheduled for 5 ms right after posting a 4 MiB copy and the helper
+    for 10 ms after waking (other work on every core): the caller copies it all, far
+    slower than 4 GB/s, with no help: a stall, and sharing pauses."""
+    import time
+
+    _speedups.copy_reset()
+    n = 4 << 20
+    src, dst = _bytes(n, 8), torch.zeros(n, dtype=torch.uint8)
+    helped, stalls, _ = _speedups.copy_stats()
+    _speedups.copy_debug(10_000, 0, 5000)
+    try:
+        _speedups.copy_shared(dst.data_ptr(), src.data_ptr(), n)
+    finally:
+        _speedups.copy_debug(0, 0, 0)
+    assert torch.equal(dst, src)
+    now_helped, now_stalls, paused = _speedups.copy_stats()
+    assert now_helped == helped  # the helper woke after the caller had finished
+    assert now_stalls == stalls + 1 and paused > 0.3
+    time.sleep(0.02)  # the helper's 10 ms sleep ends; it finds nothing to claim
+    dst.zero_()
+    _speedups.copy_shared(dst.data_ptr(), src.data_ptr(), n)  # paused: alone
+    assert torch.equal(dst, src) and _speedups.copy_stats()[0] == helped
+    _speedups.copy_reset()
+
+
+@pytest.mark.skipif(_speedups is None, reason="lmcache_core._speedups was not built")
+def test_a_native_copy_slow_for_the_caller_alone_keeps_sharing() -> None:
+    """The caller descheduled for 5 ms after posting, the helper on time: the helper
+    copies its half meanwhile (sharing worked), so the long copy is no stall."""
+    _speedups.copy_reset()
+    n = 4 << 20
+    src, dst = _bytes(n, 9), torch.zeros(n, dtype=torch.uint8)
+    helped, stalls, _ = _speedups.copy_stats()
+    _speedups.copy_debug(0, 0, 5000)
+    try:
+        _speedups.copy_shared(dst.data_ptr(), src.data_ptr(), n)
+    finally:
+        _speedups.copy_debug(0, 0, 0)
+    assert torch.equal(dst, src)
+    now_helped, now_stalls, paused = _speedups.copy_stats()
+    assert now_helped == helped + 1 and now_stalls == stalls and paused == 0.0
