@@ -22,8 +22,10 @@
  *     first half; then both take pieces of the rest under one mutex, the caller from the
  *     front, the helper from the back. The caller never waits for a helper that has not
  *     started, only for the one piece the helper may hold when the caller runs out, and
- *     returns only when every byte is in place. A stall pauses sharing for 0.5 s,
- *     doubling per further stall up to 30 s: the caller waited over 1 ms for the
+ *     returns only when every byte is in place. A stall pauses sharing for 50 ms,
+ *     doubling per further stall up to 30 s (a copy shared without one resets it; the
+ *     Python helper starts at 0.5 s, but a core's contention here comes in bursts, such
+ *     as torch's OpenMP threads spinning after a parallel region): the caller waited over 1 ms for the
  *     helper's piece, or a shared copy ran over 1 ms longer than 4 GB/s would (a 4 MiB
  *     copy takes ~0.3 ms alone) while the helper copied under a quarter of it (a late
  *     or descheduled helper; a copy slowed for both, as by page faults in a fresh
@@ -299,7 +301,7 @@ shared_copy(char *dst, const char *src, size_t n)
         n_stalls++;
         stall_streak++;
         int shift = stall_streak - 1 < 10 ? stall_streak - 1 : 10;
-        int64_t pause = (int64_t)500000000LL << shift;
+        int64_t pause = (int64_t)50000000LL << shift;
         if (pause > MAX_PAUSE_NS) {
             pause = MAX_PAUSE_NS;
         }

@@ -17,7 +17,7 @@ slow to wake, leaves the whole copy to the caller, as one ``memmove`` would), on
 the one piece the helper may be copying when the caller runs out. Where the optional
 compiled module was built (``lmcache_core._speedups.copy_shared``) the same algorithm
 runs in C with a native helper thread, which wakes in ~5 µs instead of the ~0.1 ms a
-Python thread needs to get the GIL, so sharing pays from 2 MiB instead of 8 MiB; the
+Python thread needs to get the GIL, so sharing pays from 4 MiB instead of 8 MiB; the
 Python helper below is the fallback. Copies involving a device tensor still go through
 torch.
 """
@@ -58,10 +58,11 @@ except ImportError:  # pragma: no cover - exercised by builds without a C compil
     _native_copy = None
 
 #: Host copies of at least this many bytes are shared with the helper thread (``0``: never;
-#: the environment variable ``LMCACHE_CORE_COPY_SPLIT_MIN`` sets it, in bytes). 2 MiB with
-#: the compiled helper, 8 MiB with the Python one (``docs/performance.md``, CPU backend).
+#: the environment variable ``LMCACHE_CORE_COPY_SPLIT_MIN`` sets it, in bytes). 4 MiB with
+#: the compiled helper (2 MiB copies gained within noise), 8 MiB with the Python one
+#: (``docs/performance.md``, "Compiled helpers").
 SPLIT_MIN = int(
-    os.environ.get("LMCACHE_CORE_COPY_SPLIT_MIN", str((2 << 20) if _native_copy else (8 << 20)))
+    os.environ.get("LMCACHE_CORE_COPY_SPLIT_MIN", str((4 << 20) if _native_copy else (8 << 20)))
 )
 #: Smallest piece of a shared copy.
 PIECE_MIN = 256 << 10
