@@ -3,7 +3,9 @@
 Prints, measured in the same run (interleaved, medians):
 * list input: full ``process_tokens`` (real keys) against list-to-int32 conversion alone,
   both with numpy (``np.array(tokens, dtype=np.int32)``) and with ``struct.pack`` (the
-  fastest conversion found here, which the database uses);
+  fastest pure-Python conversion found here); and full ``process_tokens`` with the
+  compiled ``lmcache_core._speedups.int32_le`` (the default where it was built) against
+  the same with it turned off (the ``struct`` fallback);
 * array input: tokens/s of full ``process_tokens``;
 * the hash loop alone against raw xxh3_128 over the same chunk bytes.
 
@@ -22,7 +24,7 @@ from xxhash import xxh3_128_digest
 sys.path.insert(0, str(Path(__file__).parent))
 from _util import interleaved
 
-from lmcache_core import ChunkedTokenDatabase
+from lmcache_core import ChunkedTokenDatabase, token_db
 
 N, CHUNK = 32768, 256
 
@@ -39,6 +41,16 @@ def main() -> None:
     def full_list() -> None:
         for _ in db.process_tokens(lst):
             pass
+
+    native = token_db._native_int32_le
+
+    def full_list_fallback() -> None:  # the struct path, as without a C compiler
+        token_db._native_int32_le = None
+        try:
+            for _ in db.process_tokens(lst):
+                pass
+        finally:
+            token_db._native_int32_le = native
 
     def full_array() -> None:
         for _ in db.process_tokens(arr):
@@ -62,6 +74,8 @@ def main() -> None:
     t = interleaved(
         {
             "full_list": full_list,
+            "full_list_b": full_list,
+            "full_list_fallback": full_list_fallback,
             "full_array": full_array,
             "conv_numpy": conv_numpy,
             "conv_struct": conv_struct,
@@ -73,12 +87,17 @@ def main() -> None:
     us = {k: v * 1e6 for k, v in t.items()}
     print(f"32k tokens, chunk {CHUNK} ({N // CHUNK} chunks), medians of 60 interleaved runs")
     for k, v in us.items():
-        print(f"  {k:12s} {v:9.1f} us")
+        print(f"  {k:18s} {v:9.1f} us")
     print(
         f"list input: full / numpy conversion alone   = {t['conv_numpy'] / t['full_list']:.2f}x"
         " (>= 0.9x target; >1 means faster than converting with numpy)"
     )
     print(f"list input: full / struct conversion alone  = {t['conv_struct'] / t['full_list']:.2f}x")
+    print(
+        f"list input: compiled helper {'on' if native else 'NOT BUILT'}, speed vs the "
+        f"struct fallback = {t['full_list_fallback'] / t['full_list']:.2f}x (A/A of the "
+        f"full list path: {max(t['full_list'], t['full_list_b']) / min(t['full_list'], t['full_list_b']):.2f})"
+    )
     print(f"array input: {N / t['full_array'] / 1e6:.0f} M tokens/s (target >= 300)")
     print(
         f"hash loop vs raw xxh3_128 over same bytes  = {t['raw_xxh3'] / t['hash_loop']:.2f}x (target >= 0.8x)"
