@@ -313,6 +313,24 @@ def test_a_stalled_helper_pauses_sharing(impl: _Impl, monkeypatch: pytest.Monkey
     assert impl.helped() == helped and impl.stalls() == stalls + 1
 
 
+def _debug_copy(
+    seed: int, claim_delay_us: int, caller_delay_us: int
+) -> tuple[tuple[int, int, float], tuple[int, int, float]]:
+    """One 4 MiB native shared copy with the helper and/or the caller made slow (the pause
+    cleared first); checks the bytes and returns the copy stats before and after it."""
+    _speedups.copy_reset()
+    n = 4 << 20
+    src, dst = _bytes(n, seed), torch.zeros(n, dtype=torch.uint8)
+    before = _speedups.copy_stats()
+    _speedups.copy_debug(claim_delay_us, 0, caller_delay_us)
+    try:
+        _speedups.copy_shared(dst.data_ptr(), src.data_ptr(), n)
+    finally:
+        _speedups.copy_debug(0, 0, 0)
+    assert torch.equal(dst, src)
+    return before, _speedups.copy_stats()
+
+
 @pytest.mark.skipif(_speedups is None, reason="lmcache_core._speedups was not built")
 def test_a_native_copy_that_runs_long_without_its_helper_pauses_sharing() -> None:
     """The caller descheduled for 5 ms right after posting a 4 MiB copy and the helper
@@ -320,21 +338,12 @@ def test_a_native_copy_that_runs_long_without_its_helper_pauses_sharing() -> Non
     slower than 4 GB/s, with no help: a stall, and sharing pauses."""
     import time
 
-    _speedups.copy_reset()
-    n = 4 << 20
-    src, dst = _bytes(n, 8), torch.zeros(n, dtype=torch.uint8)
-    helped, stalls, _ = _speedups.copy_stats()
-    _speedups.copy_debug(10_000, 0, 5000)
-    try:
-        _speedups.copy_shared(dst.data_ptr(), src.data_ptr(), n)
-    finally:
-        _speedups.copy_debug(0, 0, 0)
-    assert torch.equal(dst, src)
-    now_helped, now_stalls, paused = _speedups.copy_stats()
+    (helped, stalls, _), (now_helped, now_stalls, paused) = _debug_copy(8, 10_000, 5000)
     assert now_helped == helped  # the helper woke after the caller had finished
     assert now_stalls == stalls + 1 and paused > 0.03  # 50 ms
     time.sleep(0.012)  # the helper's 10 ms sleep ends; it finds nothing to claim
-    dst.zero_()
+    n = 4 << 20
+    src, dst = _bytes(n, 8), torch.zeros(n, dtype=torch.uint8)
     _speedups.copy_shared(dst.data_ptr(), src.data_ptr(), n)  # paused: alone
     assert torch.equal(dst, src) and _speedups.copy_stats()[0] == helped
     _speedups.copy_reset()
@@ -344,15 +353,5 @@ def test_a_native_copy_that_runs_long_without_its_helper_pauses_sharing() -> Non
 def test_a_native_copy_slow_for_the_caller_alone_keeps_sharing() -> None:
     """The caller descheduled for 5 ms after posting, the helper on time: the helper
     copies its half meanwhile (sharing worked), so the long copy is no stall."""
-    _speedups.copy_reset()
-    n = 4 << 20
-    src, dst = _bytes(n, 9), torch.zeros(n, dtype=torch.uint8)
-    helped, stalls, _ = _speedups.copy_stats()
-    _speedups.copy_debug(0, 0, 5000)
-    try:
-        _speedups.copy_shared(dst.data_ptr(), src.data_ptr(), n)
-    finally:
-        _speedups.copy_debug(0, 0, 0)
-    assert torch.equal(dst, src)
-    now_helped, now_stalls, paused = _speedups.copy_stats()
+    (helped, stalls, _), (now_helped, now_stalls, paused) = _debug_copy(9, 0, 5000)
     assert now_helped == helped + 1 and now_stalls == stalls and paused == 0.0
