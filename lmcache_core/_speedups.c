@@ -22,21 +22,24 @@
  *     first half; then both take pieces of the rest under one mutex, the caller from the
  *     front, the helper from the back. The caller never waits for a helper that has not
  *     started, only for the one piece the helper may hold when the caller runs out, and
- *     returns only when every byte is in place. A stall pauses sharing for 50 ms,
- *     doubling per further stall up to 30 s (a copy shared without one resets it; the
- *     Python helper starts at 0.5 s, but a core's contention here comes in bursts, such
- *     as torch's OpenMP threads spinning after a parallel region): the caller waited over 1 ms for the
- *     helper's piece, or a shared copy ran over 1 ms longer than 4 GB/s would (a 4 MiB
- *     copy takes ~0.3 ms alone) while the helper copied under a quarter of it (a late
- *     or descheduled helper; a copy slowed for both, as by page faults in a fresh
- *     buffer, is no reason to stop sharing). With other work on every core, waking a second thread of ours
- *     displaces that work and one of our two threads gets descheduled: the copy runs
- *     long while one memmove alone would not. One copy is shared at a time: a second caller meanwhile copies alone, as do overlapping
- *     ranges.
+ *     returns only when every byte is in place. One copy is shared at a time: a second
+ *     caller meanwhile copies alone, as do overlapping ranges.
+ *
+ *     Stalls pause sharing. A stall: the caller waited over 1 ms for the helper's
+ *     piece, or a shared copy ran over 1 ms longer than 4 GB/s would (a 4 MiB copy takes
+ *     ~0.3 ms alone) while the helper copied under a quarter of it (a late or
+ *     descheduled helper: with other work on every core, waking a second thread of ours
+ *     displaces that work and one of our threads gets descheduled; a copy slowed for
+ *     both threads, as by page faults in a fresh buffer, is no reason to stop sharing).
+ *     An isolated stall (none in the previous 32 shared copies) pauses sharing for
+ *     50 ms: contention often comes in bursts, such as torch's OpenMP threads spinning
+ *     for a moment after a parallel region. Stalls that recur within 32 shared copies
+ *     pause it for 1 s, doubling per further recurrence up to 30 s: other work holds the
+ *     cores, and one memmove alone is the better copy there.
  * copy_stats() -> (helped, stalls, paused_s)
  * copy_debug(claim_delay_us, piece_delay_us[, caller_delay_us]) -> None
  *     (tests: a slow helper, a caller descheduled after posting its copy)
- * copy_reset() -> None                                 (tests: clear the pause)
+ * copy_reset() -> None        (tests: clear the pause and the stall history)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -107,6 +110,10 @@ typedef struct {
     int waiting;  /* the caller waits for that piece */
 } shared_job;
 
+#define ISOLATED_PAUSE_NS ((int64_t)50000000LL)
+#define RECUR_PAUSE_NS ((int64_t)1000000000LL)
+#define RECUR_WINDOW 32
+
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t job_posted = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t piece_done = PTHREAD_COND_INITIALIZER;
@@ -115,7 +122,8 @@ static unsigned long generation;  /* bumped per posted copy */
 static int helper_running;        /* in this process (reset in a forked child) */
 static unsigned long long n_helped, n_stalls;
 static int64_t paused_until_ns;
-static int stall_streak;
+static int stall_streak;          /* stalls in a row that recurred within RECUR_WINDOW */
+static int shared_since_stall = RECUR_WINDOW; /* shared copies since the last stall */
 static unsigned claim_delay_us, piece_delay_us, caller_delay_us; /* tests only */
 
 #define PIECE_MIN ((size_t)256 << 10)
@@ -208,6 +216,7 @@ after_fork_child(void)
     current = NULL;
     helper_running = 0;
     stall_streak = 0;
+    shared_since_stall = RECUR_WINDOW;
     paused_until_ns = 0;
 }
 
@@ -299,16 +308,21 @@ shared_copy(char *dst, const char *src, size_t n)
     int64_t slow = STALL_NS + (int64_t)(n >> 2);
     if (waited > STALL_NS || (helper_bytes < n / 4 && now_ns() - t_start > slow)) {
         n_stalls++;
-        stall_streak++;
-        int shift = stall_streak - 1 < 10 ? stall_streak - 1 : 10;
-        int64_t pause = (int64_t)50000000LL << shift;
-        if (pause > MAX_PAUSE_NS) {
-            pause = MAX_PAUSE_NS;
+        int64_t pause = ISOLATED_PAUSE_NS;
+        if (shared_since_stall < RECUR_WINDOW) {
+            stall_streak++;
+            int shift = stall_streak - 1 < 10 ? stall_streak - 1 : 10;
+            pause = RECUR_PAUSE_NS << shift;
+            if (pause > MAX_PAUSE_NS) {
+                pause = MAX_PAUSE_NS;
+            }
+        } else {
+            stall_streak = 0;
         }
+        shared_since_stall = 0;
         paused_until_ns = now_ns() + pause;
-    } else if (waited >= 0 && stall_streak) {
-        stall_streak = 0;
-        paused_until_ns = 0;
+    } else if (waited >= 0 && shared_since_stall < RECUR_WINDOW) {
+        shared_since_stall++;
     }
     pthread_mutex_unlock(&mu);
 }
@@ -394,6 +408,7 @@ copy_reset(PyObject *module, PyObject *unused)
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&mu);
     stall_streak = 0;
+    shared_since_stall = RECUR_WINDOW;
     paused_until_ns = 0;
     pthread_mutex_unlock(&mu);
     Py_END_ALLOW_THREADS
