@@ -1,5 +1,5 @@
-"""The documented layout is the tree: ``docs/architecture.md`` names every module and
-package directly under ``lmcache_core/`` (and nothing that is gone), and every path in the
+"""The documented layout is the tree: ``docs/architecture.md`` names every module (and C
+source) and package directly under ``lmcache_core/`` (and nothing that is gone), and every path in the
 README's "What is in the box" table exists."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ PACKAGE = ROOT / "lmcache_core"
 
 
 def top_level_names() -> set[str]:
-    """``keys.py``, ``hierarchy/``, ...: what a reader finds in ``lmcache_core/``."""
+    """``keys.py``, ``hierarchy/``, ``_speedups.c``, ...: what a reader finds in
+    ``lmcache_core/`` (Python modules, C sources of compiled modules, packages)."""
     names = set()
     for p in PACKAGE.iterdir():
-        if p.is_file() and p.suffix == ".py" and p.name != "__init__.py":
+        if p.is_file() and p.suffix in (".py", ".c") and p.name != "__init__.py":
             names.add(p.name)
         elif p.is_dir() and (p / "__init__.py").exists():
             names.add(p.name + "/")
