@@ -48,7 +48,6 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 static PyObject *
 int32_le(PyObject *module, PyObject *tokens)
@@ -102,7 +101,6 @@ decline:
 typedef struct {
     char *dst;
     const char *src;
-    size_t n;
     size_t piece;
     size_t front; /* the caller's next byte; guarded by mu */
     size_t back;  /* the end of what is left for the helper; guarded by mu */
@@ -258,7 +256,6 @@ shared_copy(char *dst, const char *src, size_t n)
     shared_job job;
     job.dst = dst;
     job.src = src;
-    job.n = n;
     job.piece = (n / 16) & ~(size_t)4095;
     if (job.piece < PIECE_MIN) {
         job.piece = PIECE_MIN;

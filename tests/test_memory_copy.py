@@ -3,6 +3,7 @@ shape, torch's ``copy_`` for everything else, and the same bytes either way."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -90,15 +91,15 @@ class _Impl:
         self.name = name
 
     def helped(self) -> int:
-        return _speedups.copy_stats()[0] if self.name == "native" else memory._helper.helped
+        return memory.shared_copy_stats()[1]  # the fixture set which helper is in use
 
     def stalls(self) -> int:
-        return _speedups.copy_stats()[1] if self.name == "native" else memory._helper.stalls
+        return memory.shared_copy_stats()[2]
 
     def paused_s(self) -> float:
         if self.name == "native":
             return _speedups.copy_stats()[2]
-        return max(0.0, memory._helper._paused_until - __import__("time").monotonic())
+        return max(0.0, memory._helper._paused_until - time.monotonic())
 
 
 @pytest.fixture(params=["native", "python"])
@@ -150,7 +151,6 @@ def test_a_helper_that_never_starts_does_not_hold_the_caller(
 ) -> None:
     """Jobs queued where no thread reads them: every copy is still whole, by the caller."""
     import queue
-    import time
 
     monkeypatch.setattr(memory, "_native_copy", None)
     monkeypatch.setattr(memory._helper, "_jobs", queue.SimpleQueue())
@@ -169,7 +169,6 @@ def test_a_helper_that_never_starts_does_not_hold_the_caller(
 def test_a_native_helper_slow_to_claim_leaves_the_copy_to_the_caller() -> None:
     """The native helper made to sleep 50 ms after waking, before it claims a piece (as
     when its core is taken): each copy is whole, by the caller, without waiting for it."""
-    import time
 
     _speedups.copy_reset()
     _speedups.copy_debug(50_000, 0)
@@ -281,7 +280,6 @@ def test_a_stalled_helper_pauses_sharing(impl: _Impl, monkeypatch: pytest.Monkey
     """A helper that is slow inside its part (as when descheduled): the caller waits for
     it (the copy is whole), counts a stall, and copies alone while sharing is paused."""
     import threading
-    import time
 
     if impl.name == "native":
         _speedups.copy_debug(0, 5000)  # 5 ms inside each piece the helper claims
@@ -343,7 +341,6 @@ def test_a_native_copy_that_runs_long_without_its_helper_pauses_sharing() -> Non
     """The caller descheduled for 5 ms right after posting a 4 MiB copy and the helper
     for 10 ms after waking (other work on every core): the caller copies it all, far
     slower than 4 GB/s, with no help: a stall, and sharing pauses."""
-    import time
 
     n = 4 << 20
     src, dst = _bytes(n, 8), torch.zeros(n, dtype=torch.uint8)
@@ -369,7 +366,6 @@ def test_a_native_copy_slow_for_the_caller_alone_keeps_sharing() -> None:
 def test_native_stalls_that_recur_pause_sharing_for_longer() -> None:
     """An isolated stall pauses sharing for 50 ms; a second one within the next 32 shared
     copies (other work holding the cores) pauses it for 1 s, doubling after that."""
-    import time
 
     try:
         _, (_, stalls, paused) = _debug_copy(10, 10_000, 5000)

@@ -70,7 +70,7 @@ def _speedups() -> str:
     try:
         from .. import _speedups  # noqa: F401  (a tiny C module: no numpy, no torch)
     except ImportError:
-        return "compiled speedups: off (not built at install: pure-Python token conversion)"
+        return "compiled speedups: off (not built at install: pure-Python fallbacks)"
     return "compiled speedups: on"
 
 
