@@ -18,7 +18,7 @@
  *     shared with one helper thread (a plain pthread, started on first use and again in
  *     a forked child). The algorithm of lmcache_core.memory's Python helper, without its
  *     wake-up cost (a Python thread needs the GIL to start: ~0.1 ms here; a pthread
- *     blocked on a condition variable ~5 us): the caller posts the copy and copies the
+ *     blocked on a condition variable needs only to be scheduled): the caller posts the copy and copies the
  *     first half; then both take pieces of the rest under one mutex, the caller from the
  *     front, the helper from the back. The caller never waits for a helper that has not
  *     started, only for the one piece the helper may hold when the caller runs out, and

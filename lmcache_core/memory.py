@@ -16,8 +16,8 @@ caller never waits for a helper that has not started (a helper that is deschedul
 slow to wake, leaves the whole copy to the caller, as one ``memmove`` would), only for
 the one piece the helper may be copying when the caller runs out. Where the optional
 compiled module was built (``lmcache_core._speedups.copy_shared``) the same algorithm
-runs in C with a native helper thread, which wakes in ~5 µs instead of the ~0.1 ms a
-Python thread needs to get the GIL, so sharing pays from 4 MiB instead of 8 MiB; the
+runs in C with a native helper thread, which starts without the ~0.1 ms a Python
+thread needs to get the GIL, so sharing pays from 4 MiB instead of 8 MiB; the
 Python helper below is the fallback. Copies involving a device tensor still go through
 torch.
 """
