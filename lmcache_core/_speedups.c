@@ -40,11 +40,29 @@
  * copy_debug(claim_delay_us, piece_delay_us[, caller_delay_us]) -> None
  *     (tests: a slow helper, a caller descheduled after posting its copy)
  * copy_reset() -> None        (tests: clear the pause and the stall history)
+ *
+ * turns_new(n[, idle_ms]) -> capsule
+ * turns_preadv(turns, fd, buffers, offset) -> int
+ *     os.preadv through a device's read queue: at most n reads on the device at once,
+ *     each issued by one of at most n reader threads (plain pthreads, started when jobs
+ *     wait and none is idle; a thread idle for idle_ms, default 2 s, exits). The caller
+ *     queues its job and waits with the GIL released. A reader thread whose read
+ *     completes takes the next queued job and issues it at once, so the device gets its
+ *     next request without waking any thread; the caller it finished for is woken to
+ *     checksum and copy, off the device's path. With turns handed between the callers
+ *     themselves, each hand-over waits for a sleeping thread to be scheduled: 0.1-1 ms
+ *     here while other threads checksum and copy on both cores, a tenth of a 4 MiB read
+ *     (docs/performance.md, "A read queue with its own threads"). Where no thread can
+ *     be started the caller reads itself. Fork-safe (a child starts with an empty queue).
+ * turns_stats(turns) -> (n, threads, queued, reading, reads)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -412,6 +430,320 @@ copy_reset(PyObject *module, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ device read turns */
+
+#define TURNS_NAME "lmcache_core._speedups.turns"
+
+typedef struct read_job {
+    struct read_job *next;
+    int fd;
+    const struct iovec *iov;
+    int cnt;
+    off_t off;
+    ssize_t got;
+    int err;
+    int done;          /* guarded by the turns' mutex */
+    pthread_cond_t cv; /* signalled (under the mutex) when done */
+} read_job;
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t posted;  /* a job was queued, or stop */
+    pthread_cond_t gone;    /* the last reader thread exited */
+    read_job *head, *tail;
+    int n;                  /* reader threads at most: the turns */
+    int live;               /* reader threads running */
+    int idle;               /* of those, waiting for a job */
+    int reading;            /* reads on the device now */
+    int stop;
+    int idle_ms;            /* a reader thread idle this long exits */
+    unsigned long long reads;
+    pid_t pid;              /* the process the threads and the queue belong to */
+} read_turns;
+
+static void
+turns_init_sync(read_turns *t)
+{
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->posted, NULL);
+    pthread_cond_init(&t->gone, NULL);
+    t->head = t->tail = NULL;
+    t->live = t->idle = t->reading = t->stop = 0;
+    t->pid = getpid();
+}
+
+static void *
+turns_reader(void *arg)
+{
+    read_turns *t = arg;
+    pthread_mutex_lock(&t->mu);
+    for (;;) {
+        if (t->head == NULL) {
+            if (t->stop) {
+                break;
+            }
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            int64_t ns = until.tv_nsec + (int64_t)t->idle_ms * 1000000LL;
+            until.tv_sec += (time_t)(ns / 1000000000LL);
+            until.tv_nsec = (long)(ns % 1000000000LL);
+            t->idle++;
+            int rc = pthread_cond_timedwait(&t->posted, &t->mu, &until);
+            t->idle--;
+            if (rc == ETIMEDOUT && t->head == NULL) {
+                break;
+            }
+            continue;
+        }
+        read_job *job = t->head;
+        t->head = job->next;
+        if (t->head == NULL) {
+            t->tail = NULL;
+        }
+        t->reading++;
+        pthread_mutex_unlock(&t->mu);
+        ssize_t got;
+        do {
+            got = preadv(job->fd, job->iov, job->cnt, job->off);
+        } while (got < 0 && errno == EINTR);
+        int err = got < 0 ? errno : 0;
+        pthread_mutex_lock(&t->mu);
+        t->reading--;
+        t->reads++;
+        job->got = got;
+        job->err = err;
+        job->done = 1;
+        pthread_cond_signal(&job->cv);
+    }
+    t->live--;
+    if (t->live == 0) {
+        pthread_cond_broadcast(&t->gone);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+/* Queue the read and wait for it (the GIL released, t->mu not held). */
+static ssize_t
+turns_read(read_turns *t, int fd, const struct iovec *iov, int cnt, off_t off, int *err)
+{
+    read_job job;
+    memset(&job, 0, sizeof job);
+    job.fd = fd;
+    job.iov = iov;
+    job.cnt = cnt;
+    job.off = off;
+    pthread_cond_init(&job.cv, NULL);
+    pthread_mutex_lock(&t->mu);
+    if (t->tail != NULL) {
+        t->tail->next = &job;
+    } else {
+        t->head = &job;
+    }
+    t->tail = &job;
+    if (t->idle > 0) {
+        pthread_cond_signal(&t->posted);
+    } else if (t->live < t->n) {
+        pthread_attr_t attr;
+        pthread_t tid;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&attr, 256 * 1024);
+        if (pthread_create(&tid, &attr, turns_reader, t) == 0) {
+            t->live++;
+        }
+        pthread_attr_destroy(&attr);
+    }
+    if (t->live == 0) {
+        /* no reader thread could be started: take the job back and read here */
+        read_job **link = &t->head;
+        read_job *prev = NULL;
+        while (*link != &job) {
+            prev = *link;
+            link = &(*link)->next;
+        }
+        *link = job.next;
+        if (t->tail == &job) {
+            t->tail = prev;
+        }
+        pthread_mutex_unlock(&t->mu);
+        do {
+            job.got = preadv(fd, iov, cnt, off);
+        } while (job.got < 0 && errno == EINTR);
+        job.err = job.got < 0 ? errno : 0;
+    } else {
+        while (!job.done) {
+            pthread_cond_wait(&job.cv, &t->mu);
+        }
+        pthread_mutex_unlock(&t->mu);
+    }
+    pthread_cond_destroy(&job.cv);
+    *err = job.err;
+    return job.got;
+}
+
+static void
+turns_free(PyObject *capsule)
+{
+    read_turns *t = PyCapsule_GetPointer(capsule, TURNS_NAME);
+    if (t == NULL) {
+        return;
+    }
+    if (t->pid == getpid()) {
+        /* no job can be queued: every caller holds a reference to the capsule */
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&t->mu);
+        t->stop = 1;
+        pthread_cond_broadcast(&t->posted);
+        while (t->live > 0) {
+            pthread_cond_wait(&t->gone, &t->mu);
+        }
+        pthread_mutex_unlock(&t->mu);
+        Py_END_ALLOW_THREADS
+        pthread_cond_destroy(&t->posted);
+        pthread_cond_destroy(&t->gone);
+        pthread_mutex_destroy(&t->mu);
+    }
+    PyMem_RawFree(t);
+}
+
+static PyObject *
+turns_new(PyObject *module, PyObject *args)
+{
+    (void)module;
+    int n, idle_ms = 2000;
+    if (!PyArg_ParseTuple(args, "i|i", &n, &idle_ms)) {
+        return NULL;
+    }
+    if (n < 1 || n > 1024 || idle_ms < 1) {
+        PyErr_SetString(PyExc_ValueError, "turns_new: n must be in 1..1024, idle_ms >= 1");
+        return NULL;
+    }
+    read_turns *t = PyMem_RawCalloc(1, sizeof(read_turns));
+    if (t == NULL) {
+        return PyErr_NoMemory();
+    }
+    t->n = n;
+    t->idle_ms = idle_ms;
+    turns_init_sync(t);
+    PyObject *capsule = PyCapsule_New(t, TURNS_NAME, turns_free);
+    if (capsule == NULL) {
+        PyMem_RawFree(t);
+    }
+    return capsule;
+}
+
+static read_turns *
+turns_get(PyObject *capsule)
+{
+    read_turns *t = PyCapsule_GetPointer(capsule, TURNS_NAME);
+    if (t != NULL && t->pid != getpid()) {
+        /* a forked child: the parent's reader threads and queued jobs do not exist
+         * here, and its mutex may have been copied locked */
+        turns_init_sync(t);
+    }
+    return t;
+}
+
+static PyObject *
+turns_preadv(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "turns_preadv(turns, fd, buffers, offset) takes 4 arguments");
+        return NULL;
+    }
+    read_turns *t = turns_get(args[0]);
+    if (t == NULL) {
+        return NULL;
+    }
+    int fd = PyObject_AsFileDescriptor(args[1]);
+    if (fd < 0) {
+        return NULL;
+    }
+    long long off = PyLong_AsLongLong(args[3]);
+    if (off == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (off < 0) {
+        PyErr_SetString(PyExc_ValueError, "turns_preadv: negative offset");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[2], "turns_preadv: buffers must be a sequence");
+    if (seq == NULL) {
+        return NULL;
+    }
+    Py_ssize_t cnt = PySequence_Fast_GET_SIZE(seq);
+    if (cnt == 0) {
+        Py_DECREF(seq);
+        return PyLong_FromLong(0);
+    }
+    if (cnt > IOV_MAX) {
+        Py_DECREF(seq);
+        errno = EINVAL;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_buffer *views = PyMem_Calloc((size_t)cnt, sizeof(Py_buffer));
+    struct iovec *iov = PyMem_Calloc((size_t)cnt, sizeof(struct iovec));
+    Py_ssize_t held = 0;
+    PyObject *result = NULL;
+    if (views == NULL || iov == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; held < cnt; held++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, held);
+        if (PyObject_GetBuffer(item, &views[held], PyBUF_WRITABLE) != 0) {
+            goto done;
+        }
+        iov[held].iov_base = views[held].buf;
+        iov[held].iov_len = (size_t)views[held].len;
+    }
+    ssize_t got;
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    got = turns_read(t, fd, iov, (int)cnt, (off_t)off, &err);
+    Py_END_ALLOW_THREADS
+    if (got < 0) {
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    result = PyLong_FromSsize_t((Py_ssize_t)got);
+done:
+    for (Py_ssize_t i = 0; i < held; i++) {
+        PyBuffer_Release(&views[i]);
+    }
+    PyMem_Free(views);
+    PyMem_Free(iov);
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyObject *
+turns_stats(PyObject *module, PyObject *capsule)
+{
+    (void)module;
+    read_turns *t = turns_get(capsule);
+    if (t == NULL) {
+        return NULL;
+    }
+    int live, queued = 0, reading;
+    unsigned long long reads;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&t->mu);
+    live = t->live;
+    reading = t->reading;
+    reads = t->reads;
+    for (read_job *j = t->head; j != NULL; j = j->next) {
+        queued++;
+    }
+    pthread_mutex_unlock(&t->mu);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(iiiiK)", t->n, live, queued, reading, reads);
+}
+
 static int fork_handler_set;
 
 static PyMethodDef speedups_methods[] = {
@@ -428,6 +760,14 @@ static PyMethodDef speedups_methods[] = {
      "copy_debug(claim_delay_us, piece_delay_us[, caller_delay_us]): make the helper or "
      "the caller of a shared copy slow (tests only)."},
     {"copy_reset", copy_reset, METH_NOARGS, "copy_reset(): end a pause of sharing."},
+    {"turns_new", turns_new, METH_VARARGS,
+     "turns_new(n[, idle_ms]) -> capsule: a device's read queue with at most n reader "
+     "threads (each exits after idle_ms without a job; default 2000)."},
+    {"turns_preadv", (PyCFunction)(void (*)(void))turns_preadv, METH_FASTCALL,
+     "turns_preadv(turns, fd, buffers, offset) -> int: os.preadv by one of the queue's "
+     "reader threads; the caller waits with the GIL released."},
+    {"turns_stats", turns_stats, METH_O,
+     "turns_stats(turns) -> (n, threads, queued, reading, reads)."},
     {NULL, NULL, 0, NULL},
 };
 

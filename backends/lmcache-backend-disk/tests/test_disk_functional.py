@@ -214,12 +214,17 @@ def test_reads_in_flight_bounds_the_device_reads_of_a_batch(
 ) -> None:
     """A batch of cold reads (aligned and plain buffers) issues at most
     ``reads_in_flight`` data reads at once, every value bit-exact; the pool's other
-    threads wait for a turn rather than piling requests onto the device."""
+    threads wait for a turn rather than piling requests onto the device. (The turns'
+    Python path, where each read goes through ``os.preadv`` and can be counted; the
+    compiled read queue is checked by the next test and ``tests/test_turns.py``.)"""
     import threading
     import time
 
     from lmcache_backend_disk import objects as objects_mod
 
+    from lmcache_core import turns as turns_mod
+
+    monkeypatch.setattr(turns_mod, "_native", None)
     real = os.preadv
     lock = threading.Lock()
     now, peak, big = [0], [0], [0]
@@ -243,6 +248,7 @@ def test_reads_in_flight_bounds_the_device_reads_of_a_batch(
         b = _b(tmp_path / "tier", direct_io="true", reads_in_flight=limit)
         await b.start()
         try:
+            assert b._io._read_turns is not None and not b._io._read_turns.native
             keys = [_key(i) for i in range(12)]
             vals = [random_tensor((256 * 1024 + 4 * i,), torch.uint8, seed=i) for i in range(12)]
             assert all(await b.batched_put(keys, vals))
@@ -260,6 +266,59 @@ def test_reads_in_flight_bounds_the_device_reads_of_a_batch(
     run(body())
     assert big[0] >= 12
     assert peak[0] == limit
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_the_compiled_read_queue_serves_the_data_reads_of_a_batch(
+    tmp_path: Path, limit: int
+) -> None:
+    """Where lmcache_core's compiled module was built, a batch's data reads go through
+    the tier's read queue (at most ``reads_in_flight`` reader threads, each with one
+    read on the device), bit-exact into aligned and plain buffers."""
+    import threading
+
+    from lmcache_core import turns as turns_mod
+
+    if turns_mod._native is None:
+        pytest.skip("lmcache_core._speedups was not built (no C compiler at install)")
+    peak = {"reading": 0, "threads": 0}
+    done = threading.Event()
+
+    async def body() -> None:
+        b = _b(tmp_path / "tier", direct_io="true", reads_in_flight=limit)
+        await b.start()
+        turns = b._io._read_turns
+        assert turns is not None and turns.native
+
+        def sampler() -> None:
+            while not done.is_set():
+                s = turns.stats()
+                peak["reading"] = max(peak["reading"], int(s["reading"]))
+                peak["threads"] = max(peak["threads"], int(s["threads"]))
+
+        watch = threading.Thread(target=sampler)
+        try:
+            keys = [_key(i) for i in range(12)]
+            vals = [random_tensor((256 * 1024 + 4 * i,), torch.uint8, seed=i) for i in range(12)]
+            assert all(await b.batched_put(keys, vals))
+            outs = [
+                aligned_empty(v.shape, v.dtype) if i % 2 else torch.empty_like(v)
+                for i, v in enumerate(vals)
+            ]
+            before = int(turns.stats()["reads"])
+            watch.start()
+            assert await b.batched_get_into(keys, outs) == [True] * 12
+            assert all(same_bits(o, v) for o, v in zip(outs, vals, strict=True))
+            assert int(turns.stats()["reads"]) - before >= 12
+        finally:
+            done.set()
+            if watch.is_alive():
+                watch.join()
+            await b.close()
+
+    run(body())
+    assert 1 <= peak["threads"] <= limit
+    assert peak["reading"] <= limit
 
 
 def test_buffers_aligned_to_the_devices_dma_alignment_go_direct(tmp_path: Path) -> None:

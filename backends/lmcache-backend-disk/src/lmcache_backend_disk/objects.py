@@ -15,7 +15,6 @@ inode (unlinking keeps it alive), verified by its checksum: never a torn read.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import enum
 import errno
@@ -36,6 +35,7 @@ from xxhash import xxh3_128, xxh3_128_hexdigest
 from lmcache_core import format as fmt
 from lmcache_core.errors import FormatError
 from lmcache_core.libc import libc_function
+from lmcache_core.turns import ReadTurns
 
 from .aligned import ALIGN, BufferPool, aligned_empty, round_up
 from .layout import current_umask, is_expected_location
@@ -228,10 +228,10 @@ class ObjectIO:
         #: few at a time, each read's CPU work overlaps the next ones
         #: (``benchmarks/bench_disk.py``; docs/performance.md, "Reads a few at a time").
         self.reads_in_flight = reads_in_flight
-        self._read_turns: threading.BoundedSemaphore | contextlib.nullcontext[None] = (
-            threading.BoundedSemaphore(reads_in_flight)
-            if reads_in_flight > 0
-            else contextlib.nullcontext()
+        #: The turns pass between reader threads without the GIL where lmcache_core's
+        #: compiled module was built (:class:`lmcache_core.turns.ReadTurns`).
+        self._read_turns: ReadTurns | None = (
+            ReadTurns(reads_in_flight) if reads_in_flight > 0 else None
         )
 
     # ------------------------------------------------------------------ writing
@@ -514,8 +514,9 @@ class ObjectIO:
         the device's ``reads_in_flight`` turns. Header reads (a block or two) take none."""
         if not views:
             return 0
-        with self._read_turns:
+        if self._read_turns is None:
             return os.preadv(fd, views, offset)
+        return self._read_turns.preadv(fd, views, offset)
 
     def _explain_mismatch(
         self, raw: bytes, size: int, key: str, ns_json: str, out: torch.Tensor
