@@ -157,7 +157,10 @@ class _Size:
         b = self.backend
         assert isinstance(b, DiskBackend)
         rif = getattr(b.opts, "reads_in_flight", "unlimited")  # (older versions: unlimited)
-        return f"disk concurrency={b.opts.concurrency}, reads in flight={rif}"
+        turns = getattr(getattr(b, "_io", None), "_read_turns", None)
+        queue = getattr(turns, "native", None)  # (older versions: a semaphore)
+        kind = "compiled" if queue else "python semaphore" if queue is False else "none"
+        return f"disk concurrency={b.opts.concurrency}, reads in flight={rif}, read queue={kind}"
 
     def close(self) -> None:
         self.loop.run_until_complete(self.backend.close())

@@ -850,6 +850,15 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _read_queue() -> str:
+    """Which read queue the disk tier uses here (``LMCACHE_CORE_READ_QUEUE``)."""
+    try:
+        from lmcache_core.turns import ReadTurns
+    except ImportError:  # older versions: a semaphore in the disk backend
+        return "python semaphore"
+    return "compiled" if ReadTurns(1).native else "python semaphore"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="processes, one after the other")
@@ -890,7 +899,7 @@ def main() -> None:
     print(
         f"lmcache-core vs LMCache {getattr(lmcache, '__version__', '?')}, torch "
         f"{torch.__version__}, {os.cpu_count()} cores, {args.runs} runs x {args.reps} reps, "
-        f"disk sizes {args.mib} MiB",
+        f"disk sizes {args.mib} MiB, disk read queue: {_read_queue()}",
         flush=True,
     )
     runs = []
