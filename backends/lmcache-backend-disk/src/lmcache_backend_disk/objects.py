@@ -49,6 +49,9 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)
 #: holds it: the checksum and the copy overlap the object's next request instead of
 #: running over the whole object from memory after its last byte arrived.
 READ_PIECE = 4 << 20
+#: ``O_DIRECT`` writes of larger objects go in pieces of this size (a multiple of ALIGN),
+#: each checksummed (and copied, from an unaligned source) just before it is written.
+WRITE_PIECE = 4 << 20
 #: Threads allowed to copy and checksum objects at once (one per core this process may
 #: run on). A batch's writes all start together: sharing the cores fairly between them
 #: would finish every object's CPU work at about the same time and only then issue the
@@ -334,7 +337,10 @@ class ObjectIO:
         size = hlen + n
         padded = round_up(size)
         _preallocate(fd, padded)
-        if n >= ALIGN and src.ctypes.data % self.mem_align == 0:
+        aligned = n >= ALIGN and src.ctypes.data % self.mem_align == 0
+        if n > WRITE_PIECE:
+            return self._write_direct_pieces(fd, template, src, aligned)
+        if aligned:
             return self._write_direct_aligned(fd, template, src)
         buf = self.pool.take(padded)
         try:
@@ -350,6 +356,50 @@ class ObjectIO:
         finally:
             self.pool.give(buf)
         return size
+
+    def _write_direct_pieces(
+        self, fd: int, template: HeaderTemplate, src: np.ndarray, aligned: bool
+    ) -> int:
+        """``O_DIRECT`` write of an object of more than one :data:`WRITE_PIECE`: each
+        piece is checksummed (and, from an unaligned source, copied into one staging
+        piece) and written before the next, the header with the whole checksum last. The
+        device starts on the object after one piece's CPU work, not after the whole
+        object's (a 32 MiB value: ~1 ms instead of ~9 ms here, when two objects are
+        copied at once)."""
+        hlen, n = len(template), src.nbytes
+        hasher = xxh3_128()
+        buf = self.pool.take(max(hlen, ALIGN if aligned else WRITE_PIECE))
+        stage = np.frombuffer(buf.view, dtype=np.uint8)
+        try:
+            off = 0
+            while off < n:
+                piece = min(WRITE_PIECE, n - off)
+                if aligned:
+                    body = piece - piece % ALIGN
+                    tail = piece - body
+                    with CPU_LANES:
+                        hasher.update(src.data[off : off + piece])
+                    views = [src.data[off : off + body]] if body else []
+                    if tail:
+                        stage[:tail] = src[off + body : off + piece]
+                        stage[tail:ALIGN] = 0
+                        views.append(buf.view[:ALIGN])
+                else:
+                    span = round_up(piece)
+                    with CPU_LANES:
+                        np.copyto(stage[:piece], src[off : off + piece])
+                        hasher.update(buf.view[:piece])
+                    stage[piece:span] = 0
+                    views = [buf.view[:span]]
+                _pwrite_all(fd, views, hlen + off)
+                off += piece
+            buf.view[:hlen] = template.with_digits(hasher.hexdigest())
+            _pwrite_all(fd, [buf.view[:hlen]], 0)
+        finally:
+            self.pool.give(buf)
+        if n % ALIGN:
+            os.ftruncate(fd, hlen + n)
+        return hlen + n
 
     def _write_direct_aligned(self, fd: int, template: HeaderTemplate, src: np.ndarray) -> int:
         """``O_DIRECT`` write straight from an aligned source (no staging copy): the header
