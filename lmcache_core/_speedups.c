@@ -454,6 +454,7 @@ typedef struct {
     int n;                  /* reader threads at most: the turns */
     int live;               /* reader threads running */
     int idle;               /* of those, waiting for a job */
+    int wakes;              /* idle threads signalled for a job and not yet awake */
     int reading;            /* reads on the device now */
     int stop;
     int idle_ms;            /* a reader thread idle this long exits */
@@ -468,7 +469,7 @@ turns_init_sync(read_turns *t)
     pthread_cond_init(&t->posted, NULL);
     pthread_cond_init(&t->gone, NULL);
     t->head = t->tail = NULL;
-    t->live = t->idle = t->reading = t->stop = 0;
+    t->live = t->idle = t->wakes = t->reading = t->stop = 0;
     t->pid = getpid();
 }
 
@@ -490,6 +491,9 @@ turns_reader(void *arg)
             t->idle++;
             int rc = pthread_cond_timedwait(&t->posted, &t->mu, &until);
             t->idle--;
+            if (t->wakes > 0) {
+                t->wakes--;
+            }
             if (rc == ETIMEDOUT && t->head == NULL) {
                 break;
             }
@@ -541,7 +545,10 @@ turns_read(read_turns *t, int fd, const struct iovec *iov, int cnt, off_t off, i
         t->head = &job;
     }
     t->tail = &job;
-    if (t->idle > 0) {
+    if (t->idle > t->wakes) {
+        /* an idle thread not yet asked for another job (two signals before the first
+         * thread wakes would otherwise go to one thread, leaving a turn unused) */
+        t->wakes++;
         pthread_cond_signal(&t->posted);
     } else if (t->live < t->n) {
         pthread_attr_t attr;
@@ -590,8 +597,9 @@ turns_free(PyObject *capsule)
         return;
     }
     if (t->pid == getpid()) {
-        /* no job can be queued: every caller holds a reference to the capsule */
-        Py_BEGIN_ALLOW_THREADS
+        /* No job can be queued (every caller holds a reference to the capsule), so the
+         * reader threads are idle: they exit as soon as they see stop. They never take
+         * the GIL, which is kept here (this may run during finalization). */
         pthread_mutex_lock(&t->mu);
         t->stop = 1;
         pthread_cond_broadcast(&t->posted);
@@ -599,7 +607,6 @@ turns_free(PyObject *capsule)
             pthread_cond_wait(&t->gone, &t->mu);
         }
         pthread_mutex_unlock(&t->mu);
-        Py_END_ALLOW_THREADS
         pthread_cond_destroy(&t->posted);
         pthread_cond_destroy(&t->gone);
         pthread_mutex_destroy(&t->mu);
