@@ -260,6 +260,23 @@ def test_io_paths_round_trip(tmp_path: Path, direct_io: str) -> None:
     run(body())
 
 
+async def _twelve_stored(
+    b: DiskBackend,
+) -> tuple[list[CacheEngineKey], list[torch.Tensor], list[torch.Tensor]]:
+    """Store 12 values of ~256 KiB; their keys, the values and zeroed load buffers
+    (aligned and plain in turn)."""
+    keys = [_key(i) for i in range(12)]
+    vals = [random_tensor((256 * 1024 + 4 * i,), torch.uint8, seed=i) for i in range(12)]
+    assert all(await b.batched_put(keys, vals))
+    outs = [
+        aligned_empty(v.shape, v.dtype) if i % 2 else torch.empty_like(v)
+        for i, v in enumerate(vals)
+    ]
+    for o in outs:
+        o.zero_()
+    return keys, vals, outs
+
+
 @pytest.mark.parametrize("limit", [1, 2])
 def test_reads_in_flight_bounds_the_device_reads_of_a_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: int
@@ -301,13 +318,7 @@ def test_reads_in_flight_bounds_the_device_reads_of_a_batch(
         await b.start()
         try:
             assert b._io._read_turns is not None and not b._io._read_turns.native
-            keys = [_key(i) for i in range(12)]
-            vals = [random_tensor((256 * 1024 + 4 * i,), torch.uint8, seed=i) for i in range(12)]
-            assert all(await b.batched_put(keys, vals))
-            outs = [
-                aligned_empty(v.shape, v.dtype) if i % 2 else torch.empty_like(v)
-                for i, v in enumerate(vals)
-            ]
+            keys, vals, outs = await _twelve_stored(b)
             monkeypatch.setattr(objects_mod.os, "preadv", counting)
             assert await b.batched_get_into(keys, outs) == [True] * 12
             assert all(same_bits(o, v) for o, v in zip(outs, vals, strict=True))
@@ -350,13 +361,7 @@ def test_the_compiled_read_queue_serves_the_data_reads_of_a_batch(
 
         watch = threading.Thread(target=sampler)
         try:
-            keys = [_key(i) for i in range(12)]
-            vals = [random_tensor((256 * 1024 + 4 * i,), torch.uint8, seed=i) for i in range(12)]
-            assert all(await b.batched_put(keys, vals))
-            outs = [
-                aligned_empty(v.shape, v.dtype) if i % 2 else torch.empty_like(v)
-                for i, v in enumerate(vals)
-            ]
+            keys, vals, outs = await _twelve_stored(b)
             before = int(turns.stats()["reads"])
             watch.start()
             assert await b.batched_get_into(keys, outs) == [True] * 12
