@@ -50,8 +50,8 @@
  *     completes takes the next queued job and issues it at once, so the device gets its
  *     next request without waking any thread; the caller it finished for is woken to
  *     checksum and copy, off the device's path. With turns handed between the callers
- *     themselves, each hand-over waits for a sleeping thread to be scheduled: 0.1-1 ms
- *     here while other threads checksum and copy on both cores, a tenth of a 4 MiB read
+ *     themselves, each hand-over waits for a sleeping thread to be scheduled, which
+ *     takes long while other threads checksum and copy on every core
  *     (docs/performance.md, "A read queue with its own threads"). Where no thread can
  *     be started the caller reads itself. Fork-safe (a child starts with an empty queue).
  * turns_stats(turns) -> (n, threads, queued, reading, reads)

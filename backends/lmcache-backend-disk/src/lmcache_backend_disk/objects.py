@@ -364,8 +364,8 @@ class ObjectIO:
         piece is checksummed (and, from an unaligned source, copied into one staging
         piece) and written before the next, the header with the whole checksum last. The
         device starts on the object after one piece's CPU work, not after the whole
-        object's (a 32 MiB value: ~1 ms instead of ~9 ms here, when two objects are
-        copied at once)."""
+        object's (docs/performance.md, "A read queue with its own threads, and writes in
+        pieces")."""
         hlen, n = len(template), src.nbytes
         hasher = xxh3_128()
         buf = self.pool.take(max(hlen, ALIGN if aligned else WRITE_PIECE))
