@@ -74,9 +74,9 @@ def instrument_disk() -> None:
     """Wrap the disk backend's put phases with CPU-time accounting (this process only)."""
     from lmcache_backend_disk import objects, sandbox, store
 
-    for name in ("_reserve_sync", "_write_sync", "_flush_written", "_publish_sync"):
+    for name in ("_reserve_sync", "_write_sync", "_publish_sync", "_sync_published"):
         setattr(store.DiskStore, name, _timed(f"store.{name}", getattr(store.DiskStore, name)))
-    for name in ("_write", "_create", "finish_temp"):
+    for name in ("_write", "_create"):
         setattr(objects.ObjectIO, name, _timed(f"objects.{name}", getattr(objects.ObjectIO, name)))
     for name in ("rename", "fsync_dir", "make_dirs"):
         setattr(sandbox.TierDir, name, _timed(f"tier.{name}", getattr(sandbox.TierDir, name)))

@@ -55,6 +55,16 @@
  *     (docs/performance.md, "A read queue with its own threads"). Where no thread can
  *     be started the caller reads itself. Fork-safe (a child starts with an empty queue).
  * turns_stats(turns) -> (n, threads, queued, reading, reads)
+ *
+ * sync_fds(fds, datasync) -> list[int]
+ *     fsync (fdatasync where datasync[i] is true) every descriptor of fds, all at once:
+ *     one plain pthread per call (at most 64; the caller takes calls too) with the GIL
+ *     released; returns each call's errno (0: it succeeded). Flushes issued together
+ *     join one journal commit and share device cache flushes; issued from Python
+ *     threads, each waits for its thread to be scheduled and to get the GIL, and those
+ *     that arrive after a commit each pay a device flush of their own
+ *     (docs/performance.md, "Flushes issued at once"). Where no thread can be started
+ *     the caller makes the calls itself.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -753,6 +763,126 @@ turns_stats(PyObject *module, PyObject *capsule)
 
 static int fork_handler_set;
 
+
+/* ------------------------------------------------------------------ sync_fds */
+#define SYNC_MAX_THREADS 64
+
+typedef struct {
+    const int *fds;
+    const char *datasync;
+    int *errs;
+    Py_ssize_t n;
+    Py_ssize_t next; /* next call to take (atomic) */
+} sync_wave;
+
+static void
+sync_wave_work(sync_wave *w)
+{
+    for (;;) {
+        Py_ssize_t i = __atomic_fetch_add(&w->next, 1, __ATOMIC_RELAXED);
+        if (i >= w->n) {
+            return;
+        }
+        int rc = w->datasync[i] ? fdatasync(w->fds[i]) : fsync(w->fds[i]);
+        w->errs[i] = rc == 0 ? 0 : errno;
+    }
+}
+
+static void *
+sync_wave_thread(void *arg)
+{
+    sync_wave_work((sync_wave *)arg);
+    return NULL;
+}
+
+static PyObject *
+sync_fds(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *fds_obj, *data_obj;
+    if (!PyArg_ParseTuple(args, "OO:sync_fds", &fds_obj, &data_obj)) {
+        return NULL;
+    }
+    PyObject *fseq = PySequence_Fast(fds_obj, "sync_fds: fds must be a sequence");
+    if (fseq == NULL) {
+        return NULL;
+    }
+    PyObject *dseq = PySequence_Fast(data_obj, "sync_fds: datasync must be a sequence");
+    if (dseq == NULL) {
+        Py_DECREF(fseq);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fseq);
+    int *fds = NULL, *errs = NULL;
+    char *datasync = NULL;
+    if (PySequence_Fast_GET_SIZE(dseq) != n) {
+        PyErr_SetString(PyExc_ValueError, "sync_fds: fds and datasync differ in length");
+        goto done;
+    }
+    fds = PyMem_Calloc((size_t)n + 1, sizeof(int));
+    errs = PyMem_Calloc((size_t)n + 1, sizeof(int));
+    datasync = PyMem_Calloc((size_t)n + 1, 1);
+    if (fds == NULL || errs == NULL || datasync == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        fds[i] = PyObject_AsFileDescriptor(PySequence_Fast_GET_ITEM(fseq, i));
+        if (fds[i] < 0) {
+            goto done;
+        }
+        int truth = PyObject_IsTrue(PySequence_Fast_GET_ITEM(dseq, i));
+        if (truth < 0) {
+            goto done;
+        }
+        datasync[i] = (char)truth;
+    }
+    sync_wave w = {fds, datasync, errs, n, 0};
+    Py_BEGIN_ALLOW_THREADS
+    pthread_t threads[SYNC_MAX_THREADS];
+    int started = 0;
+    Py_ssize_t want = n - 1 < SYNC_MAX_THREADS ? n - 1 : SYNC_MAX_THREADS;
+    pthread_attr_t attr;
+    int have_attr = pthread_attr_init(&attr) == 0;
+    if (have_attr) {
+        pthread_attr_setstacksize(&attr, 64 * 1024);
+    }
+    for (; started < want; started++) {
+        if (pthread_create(&threads[started], have_attr ? &attr : NULL, sync_wave_thread,
+                           &w) != 0) {
+            break; /* the caller and the threads already started take the rest */
+        }
+    }
+    if (have_attr) {
+        pthread_attr_destroy(&attr);
+    }
+    sync_wave_work(&w);
+    for (int i = 0; i < started; i++) {
+        pthread_join(threads[i], NULL);
+    }
+    Py_END_ALLOW_THREADS
+    result = PyList_New(n);
+    if (result == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromLong(errs[i]);
+        if (v == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, i, v);
+    }
+done:
+    PyMem_Free(fds);
+    PyMem_Free(errs);
+    PyMem_Free(datasync);
+    Py_DECREF(fseq);
+    Py_DECREF(dseq);
+    return result;
+}
+
 static PyMethodDef speedups_methods[] = {
     {"int32_le", int32_le, METH_O,
      "int32_le(tokens) -> bytes | None: int32 little-endian bytes of a list or tuple of "
@@ -775,6 +905,8 @@ static PyMethodDef speedups_methods[] = {
      "reader threads; the caller waits with the GIL released."},
     {"turns_stats", turns_stats, METH_O,
      "turns_stats(turns) -> (n, threads, queued, reading, reads)."},
+    {"sync_fds", sync_fds, METH_VARARGS,
+     "sync_fds(fds, datasync) -> list of errno: fsync/fdatasync every fd at once."},
     {NULL, NULL, 0, NULL},
 };
 

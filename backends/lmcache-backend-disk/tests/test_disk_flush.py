@@ -1,13 +1,15 @@
-"""A batch's flushes: every temporary file is flushed (``fdatasync``) before any of the
-batch is renamed into place, the flushes and the directory fsyncs are issued together
-(:class:`~lmcache_backend_disk.flusher.Flusher`), and a file that fails to flush is a
-failed put that leaves nothing behind."""
+"""A batch's flushes: every object is renamed into place and recorded, then every file
+of the batch is flushed (``fdatasync``) and every directory it changed fsynced, all in
+one wave issued at once (:meth:`~lmcache_backend_disk.flusher.Flusher.sync_fds`: the
+compiled helper where it was built, else the flusher's threads), before the put
+returns; a file that fails to flush is a failed put that leaves nothing behind."""
 
 from __future__ import annotations
 
 import errno
 import os
 import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from lmcache_backend_disk import DiskBackend
 from lmcache_backend_disk import sandbox as sandbox_mod
 from lmcache_backend_disk.flusher import Flusher
 
-from lmcache_core import CacheEngineKey
+from lmcache_core import CacheEngineKey, flushes
 from lmcache_core.testing import random_tensor, same_bits
 
 KiB = 1024
@@ -27,61 +29,97 @@ def _key(i: int) -> CacheEngineKey:
     return CacheEngineKey("flush", 1, 0, i, "uint8")
 
 
-def test_a_batch_is_flushed_whole_before_any_object_is_published(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    events: list[tuple[str, str]] = []
-    lock = threading.Lock()
-    real_fdatasync, real_rename = os.fdatasync, sandbox_mod.TierDir.rename
+@pytest.fixture(params=["compiled", "python"])
+def wave(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Each test runs with the compiled wave (where built) and with the Python threads."""
+    if request.param == "compiled" and not flushes.native():
+        pytest.skip("lmcache_core's compiled module was not built here")
+    monkeypatch.setenv(flushes.FLUSHES_ENV, request.param)
+    yield request.param
 
-    def fdatasync(fd: int) -> None:
-        real_fdatasync(fd)
+
+def _path(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+def test_a_batch_flushes_in_one_wave_after_its_renames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wave: str
+) -> None:
+    events: list[tuple[str, object]] = []
+    lock = threading.Lock()
+    real_sync, real_rename = Flusher.sync_fds, sandbox_mod.TierDir.rename
+    root = tmp_path / "tier"
+
+    def sync_fds(
+        self: Flusher, fds: Sequence[int], datasync: Sequence[bool]
+    ) -> list[OSError | None]:
+        calls = [(os.path.relpath(_path(fd), root), d) for fd, d in zip(fds, datasync, strict=True)]
+        errors = real_sync(self, fds, datasync)
         with lock:
-            events.append(("sync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+            events.append(("wave", calls))
+        return errors
 
     def rename(self: sandbox_mod.TierDir, head: str, old: str, new: str) -> None:
-        with lock:
-            events.append(("rename", old))
         real_rename(self, head, old, new)
+        with lock:
+            events.append(("rename", f"{head}/{new}"))
 
-    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(Flusher, "sync_fds", sync_fds)
     monkeypatch.setattr(sandbox_mod.TierDir, "rename", rename)
     values = [random_tensor((64 * KiB + i,), torch.uint8, seed=i) for i in range(6)]
 
     async def body() -> None:
-        b = DiskBackend({"path": str(tmp_path / "tier"), "fsync": True})
+        b = DiskBackend({"path": str(root), "fsync": True})
         await b.start()
         try:
+            await b.put(_key(99), values[0])  # the namespace directory exists
+            events.clear()
             keys = [_key(i) for i in range(6)]
             assert await b.batched_put(keys, values) == [True] * 6
+            returned = list(events)
             for k, v in zip(keys, values, strict=True):
                 out = torch.empty_like(v)
                 assert await b.get_into(k, out) and same_bits(out, v)
+            assert returned[-1][0] == "wave" and [e[0] for e in returned].count("wave") == 1
+            renamed = [str(what) for kind, what in returned if kind == "rename"]
+            assert sorted(renamed) == sorted(b._rel(k) for k in keys)
+            calls = returned[-1][1]
+            assert isinstance(calls, list)
+            files = {path for path, data in calls if data}
+            dirs = {path for path, data in calls if not data}
+            # every object was flushed under its final name, after every rename
+            assert files == set(renamed)
+            # and the directory of every rename fsynced in the same wave
+            assert {str(Path(r).parent) for r in renamed} <= dirs
         finally:
             await b.close()
 
     run(body())
-    kinds = [kind for kind, _ in events]
-    synced = {name for kind, name in events if kind == "sync"}
-    renamed = [name for kind, name in events if kind == "rename"]
-    assert len(renamed) == 6 and set(renamed) <= synced  # each published file was flushed
-    assert max(i for i, k in enumerate(kinds) if k == "sync" and events[i][1] in renamed) < (
-        kinds.index("rename")
-    ), "an object was published before the whole batch was flushed"
+
+
+def _fail_flushes_of_size(monkeypatch: pytest.MonkeyPatch, size: int, then: object = None) -> None:
+    """Make the flush of files of ``size`` bytes fail with EIO (after ``then(fd)``)."""
+    real_sync = Flusher.sync_fds
+
+    def sync_fds(
+        self: Flusher, fds: Sequence[int], datasync: Sequence[bool]
+    ) -> list[OSError | None]:
+        errors = real_sync(self, fds, datasync)
+        for i, fd in enumerate(fds):
+            if datasync[i] and os.fstat(fd).st_size == size:
+                if callable(then):
+                    then(fd)
+                errors[i] = OSError(errno.EIO, "injected flush failure")
+        return errors
+
+    monkeypatch.setattr(Flusher, "sync_fds", sync_fds)
 
 
 def test_a_file_that_fails_to_flush_is_a_failed_put_and_leaves_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wave: str
 ) -> None:
     bad_size = 4096 + 96 * KiB  # the object whose flush fails (header + data)
-    real_fdatasync = os.fdatasync
-
-    def fdatasync(fd: int) -> None:
-        if os.fstat(fd).st_size == bad_size:
-            raise OSError(errno.EIO, "injected flush failure")
-        real_fdatasync(fd)
-
-    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    _fail_flushes_of_size(monkeypatch, bad_size)
     sizes = [64 * KiB, 96 * KiB, 80 * KiB, 72 * KiB]
     values = [random_tensor((n,), torch.uint8, seed=n) for n in sizes]
 
@@ -94,16 +132,71 @@ def test_a_file_that_fails_to_flush_is_a_failed_put_and_leaves_nothing(
             assert await b.batched_contains(keys) == [True, False, True, True]
             assert b.counters.store_failures == 1
             assert temp_files(b.root) == []
+            assert not (Path(b.root) / b._rel(keys[1])).exists()  # unpublished again
             assert (await b.usage())["used_bytes"] == sum(4096 + n for n in sizes) - bad_size
             for k, v, ok in zip(keys, values, [True, False, True, True], strict=True):
                 out = torch.zeros_like(v)
                 assert await b.get_into(k, out) is ok
                 if ok:
                     assert same_bits(out, v)
+            # one object alone: the same rule
+            assert await b.put(_key(200), values[1]) is False
+            assert await b.contains(_key(200)) is False
+            assert b.counters.store_failures == 2 and temp_files(b.root) == []
         finally:
             await b.close()
 
     run(body())
+
+
+def test_a_failed_flush_leaves_an_object_another_writer_put_there_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The object whose flush failed is removed only while it is still the file at its
+    name: one another writer renamed over it meanwhile (another inode) stays."""
+    bad_size = 4096 + 40 * KiB
+    value = random_tensor((40 * KiB,), torch.uint8, seed=40)
+    other = random_tensor((40 * KiB,), torch.uint8, seed=41)
+    root = tmp_path / "tier"
+
+    def replace(fd: int) -> None:
+        path = _path(fd)
+        with open(path + ".other", "wb") as f:
+            f.write(Path(path).read_bytes()[:4096] + other.numpy().tobytes())
+        os.rename(path + ".other", path)  # a writer's whole object (its own checksum aside)
+
+    _fail_flushes_of_size(monkeypatch, bad_size, then=replace)
+
+    async def body() -> None:
+        b = DiskBackend({"path": str(root), "fsync": True})
+        await b.start()
+        try:
+            k = _key(300)
+            assert await b.put(k, value) is False
+            assert (root / b._rel(k)).exists()  # the other writer's file was not removed
+            assert await b.contains(k)  # nor its record (here: the one this put made)
+        finally:
+            await b.close()
+
+    run(body())
+
+
+def test_flusher_sync_fds_reports_each_call(tmp_path: Path, wave: str) -> None:
+    """Per descriptor ``None`` or the OSError of its call, compiled or not."""
+    f = Flusher("test", max_in_flight=4)
+    try:
+        good = os.open(tmp_path / "f", os.O_CREAT | os.O_WRONLY, 0o600)
+        d = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        r, w = os.pipe()  # fsync of a pipe: EINVAL
+        errors = f.sync_fds([good, d, r, 987654], [True, False, False, True])
+        assert errors[:2] == [None, None]
+        assert isinstance(errors[2], OSError) and errors[2].errno == errno.EINVAL
+        assert isinstance(errors[3], OSError) and errors[3].errno == errno.EBADF
+        assert f.sync_fds([], []) == []
+        for fd in (good, d, r, w):
+            os.close(fd)
+    finally:
+        f.close()
 
 
 def test_flusher_runs_calls_together_reports_errors_and_runs_inline_once_closed() -> None:
@@ -152,29 +245,32 @@ def test_aligned_memory_is_aligned_and_lives_as_long_as_any_view(nbytes: int) ->
 
 
 def test_every_directory_a_batch_changed_is_fsynced_before_it_returns(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wave: str
 ) -> None:
     """New objects in new directories: each object's directory is fsynced after its
     rename, and the parent of each directory created for the batch after that
     directory's creation, all before ``batched_put`` returns."""
     events: list[tuple[str, str]] = []
     lock = threading.Lock()
-    real_fsync, real_rename = os.fsync, sandbox_mod.TierDir.rename
+    real_sync, real_rename = Flusher.sync_fds, sandbox_mod.TierDir.rename
     root = tmp_path / "tier"
 
-    def fsync(fd: int) -> None:
-        real_fsync(fd)
-        path = os.readlink(f"/proc/self/fd/{fd}")
-        if os.path.isdir(path):
-            with lock:
-                events.append(("dirsync", os.path.relpath(path, root)))
+    def sync_fds(
+        self: Flusher, fds: Sequence[int], datasync: Sequence[bool]
+    ) -> list[OSError | None]:
+        errors = real_sync(self, fds, datasync)
+        with lock:
+            for fd, data, err in zip(fds, datasync, errors, strict=True):
+                if not data and err is None and os.path.isdir(_path(fd)):
+                    events.append(("dirsync", os.path.relpath(_path(fd), root)))
+        return errors
 
     def rename(self: sandbox_mod.TierDir, head: str, old: str, new: str) -> None:
         real_rename(self, head, old, new)
         with lock:
             events.append(("rename", head))
 
-    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(Flusher, "sync_fds", sync_fds)
     monkeypatch.setattr(sandbox_mod.TierDir, "rename", rename)
     values = [random_tensor((8 * KiB + i,), torch.uint8, seed=i) for i in range(12)]
 

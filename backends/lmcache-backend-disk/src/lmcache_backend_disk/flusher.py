@@ -3,16 +3,21 @@
 A flush of a file or a directory waits for a journal commit and a device cache flush. One
 after another, each waits for its own round trip (measured here: 16 directory fsyncs in
 a row took 23-100 ms, longer than writing the 16 objects); issued together, they join
-the same journal commit, like the raw baseline's fsyncs with several in flight. The
-calls are blocking system calls that release the GIL, so a few plain threads suffice.
+the same journal commit, like the raw baseline's fsyncs with several in flight.
+:meth:`Flusher.sync_fds` issues a whole wave at once from plain threads of the compiled
+helper (:func:`lmcache_core.flushes.sync_fds`) where it was built, else from this
+flusher's Python threads (blocking system calls that release the GIL).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
+
+from lmcache_core import flushes
 
 __all__ = ["Flusher"]
 
@@ -70,6 +75,23 @@ class Flusher:
         for i, fut in futs:
             errors[i] = fut.exception()
         return errors
+
+    def sync_fds(self, fds: Sequence[int], datasync: Sequence[bool]) -> list[OSError | None]:
+        """``fdatasync(fds[i])`` where ``datasync[i]``, else ``fsync(fds[i])``, all issued
+        together; per descriptor the ``OSError`` its call raised or ``None``."""
+        native = flushes.sync_fds(fds, datasync)
+        if native is not None:
+            return native
+
+        def one(i: int) -> None:
+            (os.fdatasync if datasync[i] else os.fsync)(fds[i])
+
+        out: list[OSError | None] = []
+        for err in self.run_all(one, range(len(fds))):
+            if err is not None and not isinstance(err, OSError):
+                raise err
+            out.append(err)
+        return out
 
     def close(self) -> None:
         """Stop the threads (waiting for flushes in progress)."""

@@ -252,9 +252,10 @@ class ObjectIO:
     ) -> tuple[int, list[str], int]:
         """Like :meth:`write_temp`, but the file is left open and not yet flushed: returns
         its size, the directories needing an fsync and its descriptor, which the caller
-        must hand to :meth:`finish_temp`. A batch writes all its objects first and then
-        flushes them, so one journal commit covers the whole batch instead of one commit
-        (and device cache flush) per object racing the other objects' writes."""
+        must flush and close (:meth:`finish_temp`, or the disk tier's wave after its
+        renames). A batch writes all its objects first and then flushes them, so one
+        journal commit covers the whole batch instead of one commit (and device cache
+        flush) per object racing the other objects' writes."""
         fd, size, new_dirs = self._fill_new_file(
             tmp_rel, lambda fd: self._write(fd, template, value)
         )

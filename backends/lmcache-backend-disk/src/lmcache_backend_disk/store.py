@@ -1,11 +1,20 @@
 """The disk backend's write path: reserve, write, publish.
 
 A put reserves room in the shared index (evicting least recently used entries of any
-process, never one being read), writes a temporary file next to the object (flushed to
-the device), then - in one index transaction - renames it over the object and records it,
-and finally fsyncs the directories involved. A batch reserves once, fans its writes out to
-the I/O pool from a pool thread, and the write that finishes last publishes the batch, so
-no step waits for the event loop.
+process, never one being read), writes a temporary file next to the object, then - in one
+index transaction - renames it over the object and records it, and finally flushes the
+files and fsyncs the directories involved, all at once, before it returns. A batch
+reserves once, fans its writes out to the I/O pool from a pool thread, and the write that
+finishes last publishes the batch, so no step waits for the event loop.
+
+The flushes come after the renames, in one wave with the directory fsyncs, so a put waits
+for one journal commit instead of two in a row (the files' and then the directories').
+The renamed object is complete in the file system when it is renamed (its writes have
+returned), so no process ever sees a partial one. Only power loss during the wave can
+leave an object whose data did not reach the device under its final name, and no read
+serves it: every read verifies the size, the header and the checksum of the data, and an
+object that fails is a miss and is removed. On a journaling file system the renames, and
+the data's extent changes, commit in the same transaction as the flushes anyway.
 """
 
 from __future__ import annotations
@@ -59,7 +68,6 @@ class _Write:
     pending_id: int | None = None
     written: bool = False
     new_dirs: tuple[str, ...] = ()  # parents of directories created for it (to fsync)
-    defer_sync: bool = False  # leave the temporary file open, flushed with its batch
     fd: int | None = None  # the open temporary file, written but not flushed yet
 
 
@@ -112,8 +120,6 @@ class DiskStore(DiskState):
             return
         left = [len(todo)]
         lock = threading.Lock()
-        for w in todo:
-            w.defer_sync = len(todo) > 1
 
         def write_one(w: _Write) -> None:
             try:
@@ -132,7 +138,6 @@ class DiskStore(DiskState):
         self, writes: list[_Write], done: concurrent.futures.Future[list[bool]]
     ) -> None:
         try:
-            self._flush_written(writes)
             done.set_result(self._publish_sync(writes))
         except BaseException as exc:
             done.set_exception(exc)
@@ -297,12 +302,8 @@ class DiskStore(DiskState):
             value = w.value
             if value.device.type != "cpu":
                 value = value.to("cpu")
-            if w.defer_sync:
-                _, new_dirs, w.fd = self.io.write_temp_unsynced(
-                    w.tmp, w.template, value.contiguous()
-                )
-            else:
-                _, new_dirs = self.io.write_temp(w.tmp, w.template, value.contiguous())
+            # flushed after the renames, with its batch (_sync_published)
+            _, new_dirs, w.fd = self.io.write_temp_unsynced(w.tmp, w.template, value.contiguous())
             w.new_dirs = tuple(new_dirs)
             w.written = True
         except OSError as exc:
@@ -310,57 +311,12 @@ class DiskStore(DiskState):
             self._stats.errors += 1
             log.warning("disk tier %s: writing %s failed: %s", self.root, w.rel, exc)
 
-    def _flush_written(self, writes: list[_Write]) -> None:
-        """Flush and close the batch's temporary files left open by their writes (all
-        written by now): the first flush commits the journal for all of them. A file that
-        fails to flush is removed and its write counts as failed (it is not published).
-
-        The parents of directories created for the batch are fsynced in the same wave
-        (their new entries exist since the writes), so they join these flushes' journal
-        commit instead of adding calls to the wave after the renames."""
-        todo = [(w, w.fd) for w in writes if w.fd is not None]
-        for w, _ in todo:
-            w.fd = None
-        dirs: list[str] = []
-        if self.opts.fsync:
-            dirs = sorted(
-                {d for w, _ in todo for d in w.new_dirs}, key=lambda p: (-p.count("/"), p)
-            )
-        calls: list[tuple[_Write | None, int | str]] = [(w, fd) for w, fd in todo if fd is not None]
-        calls += [(None, d) for d in dirs]
-
-        def flush(call: tuple[_Write | None, int | str]) -> None:
-            w, what = call
-            if w is None:
-                self.tier.fsync_dir(str(what))
-            else:
-                self.io.finish_temp(w.tmp, int(what))
-
-        # run_all reports each call's exception instead of raising: every file is closed
-        errors = self._flusher.run_all(flush, calls)
-        dir_failed = False
-        for (failed, what), err in zip(calls, errors, strict=True):
-            if err is None:
-                continue
-            if failed is None:
-                if not isinstance(err, OSError):
-                    raise err
-                dir_failed = True
-                log.warning("disk tier %s: fsync of %s failed: %s", self.root, what, err)
-                continue
-            failed.written = False
-            self.counters.store_failures += 1
-            self._stats.errors += 1
-            log.warning("disk tier %s: flushing %s failed: %s", self.root, failed.rel, err)
-        if dirs and not dir_failed:
-            for w, _ in todo:
-                w.new_dirs = ()  # durable already: not fsynced again after the renames
-
     def _publish_sync(self, writes: list[_Write]) -> list[bool]:
-        """Rename written objects into place and record them; release all reservations."""
+        """Rename written objects into place and record them, release all reservations,
+        then flush what was published (:meth:`_sync_published`)."""
         results = [False] * len(writes)
         if all(w.pending_id is None for w in writes):
-            return results  # nothing was reserved: nothing to publish or release
+            return results  # nothing was reserved: nothing written, published or released
         renamed: list[int] = []
         now = time.time()
         try:
@@ -377,15 +333,20 @@ class DiskStore(DiskState):
                             log.warning(
                                 "disk tier %s: publishing %s failed: %s", self.root, w.rel, exc
                             )
+                            self._close_quietly(w)
                             self._unlink_quietly(w.tmp)
                         else:
                             renamed.append(i)
                             tx.upsert_entry(w.rel, w.size, now)
                     tx.delete_pending(w.pending_id)
                 self._totals = tx.totals()
-        except sqlite3.Error as exc:
+        except BaseException as exc:
             # Not recorded: take the renamed files back (their reservations stay counted
             # until this owner is gone - an over-count, never an overshoot).
+            for w in writes:
+                self._close_quietly(w)
+            if not isinstance(exc, sqlite3.Error):
+                raise
             self.counters.index_errors += 1
             log.warning("disk tier %s: recording stores failed: %s", self.root, exc)
             for j, w in enumerate(writes):
@@ -395,22 +356,91 @@ class DiskStore(DiskState):
                     self._unlink_quietly(w.tmp)
             self._release_pending_quietly(writes)
             return results
+        failed = self._sync_published([writes[i] for i in renamed])
         for i in renamed:
-            results[i] = True
-        if self.opts.fsync and renamed:
-            # One fsync per directory touched by the batch (the renames, and the entries of
-            # directories created for it), all issued at once (``Flusher``): on journaling
-            # filesystems they join one commit instead of waiting for one round trip each.
-            dirs = {writes[i].rel.rpartition("/")[0] for i in renamed}
-            dirs.update(d for i in renamed for d in writes[i].new_dirs)
-            order = sorted(dirs, key=lambda p: (-p.count("/"), p))
-            errors = self._flusher.run_all(self.tier.fsync_dir, order)
-            for d, err in zip(order, errors, strict=True):
-                if isinstance(err, OSError):
-                    log.warning("disk tier %s: fsync of %s failed: %s", self.root, d, err)
-                elif err is not None:
-                    raise err
+            results[i] = writes[i] not in failed
         return results
+
+    def _sync_published(self, published: list[_Write]) -> list[_Write]:
+        """Flush and close the files just renamed and fsync the directories the batch
+        changed (those of the renames and the parents of directories created for it), all
+        in one wave issued at once (:meth:`Flusher.sync_fds`): on journaling file systems
+        they join one commit instead of waiting for one round trip each. Returns the
+        writes whose file failed to flush: they are unpublished again (removed, their
+        records deleted) and failed."""
+        files = [w for w in published if w.fd is not None]
+        file_fds = [w.fd for w in files if w.fd is not None]
+        for w in files:
+            w.fd = None
+        dirs: list[str] = []
+        dir_fds: list[int] = []
+        if self.opts.fsync:
+            touched = {w.rel.rpartition("/")[0] for w in published}
+            touched.update(d for w in published for d in w.new_dirs)
+            for d in sorted(touched, key=lambda p: (-p.count("/"), p)):
+                try:
+                    dir_fds.append(self.tier.open_dir(d))
+                    dirs.append(d)
+                except OSError as exc:
+                    log.warning("disk tier %s: fsync of %s failed: %s", self.root, d, exc)
+        inodes: list[int | None] = []
+        for fd in file_fds:
+            try:
+                inodes.append(os.fstat(fd).st_ino)
+            except OSError:
+                inodes.append(None)
+        try:
+            if self.io.durable:
+                errors = self._flusher.sync_fds(
+                    file_fds + dir_fds, [True] * len(file_fds) + [False] * len(dir_fds)
+                )
+            else:
+                errors = [None] * (len(file_fds) + len(dir_fds))
+        finally:
+            for fd in file_fds + dir_fds:
+                os.close(fd)
+        failed: list[tuple[_Write, int | None]] = []
+        for w, ino, err in zip(files, inodes, errors[: len(files)], strict=True):
+            if err is not None:
+                failed.append((w, ino))
+                self.counters.store_failures += 1
+                self._stats.errors += 1
+                log.warning("disk tier %s: flushing %s failed: %s", self.root, w.rel, err)
+        for d, err in zip(dirs, errors[len(files) :], strict=True):
+            # some file systems refuse fsync on directories
+            if err is not None and err.errno not in (errno.EINVAL, errno.EROFS):
+                log.warning("disk tier %s: fsync of %s failed: %s", self.root, d, err)
+        if failed:
+            self._unpublish(failed)
+        return [w for w, _ in failed]
+
+    def _unpublish(self, failed: list[tuple[_Write, int | None]]) -> None:
+        """Remove objects published by this batch whose flush failed, and their records;
+        an object another writer has put in the place since (another inode) is left."""
+        gone: list[str] = []
+        for w, ino in failed:
+            st = self.tier.lstat(w.rel)
+            if st is not None and (ino is None or st.st_ino == ino):
+                self._unlink_quietly(w.rel)
+                gone.append(w.rel)
+        if not gone:
+            return
+        try:
+            with self.index.transaction() as tx:
+                for rel in gone:
+                    tx.delete_entry(rel)
+                self._totals = tx.totals()
+        except sqlite3.Error as exc:  # a row without its file: a miss, settled on read
+            self.counters.index_errors += 1
+            log.warning("disk tier %s: dropping failed stores failed: %s", self.root, exc)
+
+    def _close_quietly(self, w: _Write) -> None:
+        fd, w.fd = w.fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def _unlink_quietly(self, rel: str) -> None:
         try:
