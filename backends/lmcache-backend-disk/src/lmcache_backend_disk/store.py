@@ -356,9 +356,9 @@ class DiskStore(DiskState):
                     self._unlink_quietly(w.tmp)
             self._release_pending_quietly(writes)
             return results
-        failed = self._sync_published([writes[i] for i in renamed])
+        failed = {id(w) for w in self._sync_published([writes[i] for i in renamed])}
         for i in renamed:
-            results[i] = writes[i] not in failed
+            results[i] = id(writes[i]) not in failed
         return results
 
     def _sync_published(self, published: list[_Write]) -> list[_Write]:
