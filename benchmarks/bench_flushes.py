@@ -31,7 +31,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -87,8 +88,15 @@ class Batch:
         for p in self.paths:
             os.rename(p + ".tmp", p)
 
-    def open_dirs(self) -> list[int]:
-        return [os.open(d, os.O_RDONLY | os.O_DIRECTORY) for d in self.dirs]
+    @contextmanager
+    def opened_dirs(self) -> Iterator[list[int]]:
+        """Descriptors of the batch's directories, closed at the end."""
+        fds = [os.open(d, os.O_RDONLY | os.O_DIRECTORY) for d in self.dirs]
+        try:
+            yield fds
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def close(self) -> None:
         for fd in self.fds:
@@ -103,48 +111,34 @@ def _threads(fn: Callable[[int], object], fds: list[int]) -> None:
 
 def raw(b: Batch) -> None:
     _threads(os.fsync, b.fds)
-    (d,) = b.open_dirs()
-    try:
+    with b.opened_dirs() as (d,):
         os.fsync(d)
-    finally:
-        os.close(d)
 
 
 def two_waves(b: Batch) -> None:
     _threads(os.fdatasync, b.fds)
     b.rename_all()
-    dirs = b.open_dirs()
-    try:
+    with b.opened_dirs() as dirs:
         _threads(os.fsync, dirs)
-    finally:
-        for d in dirs:
-            os.close(d)
 
 
 def one_wave_python(b: Batch) -> None:
     b.rename_all()
-    dirs = b.open_dirs()
     n = len(b.fds)
-    try:
+    with b.opened_dirs() as dirs:
         fds = b.fds + dirs
         _threads(lambda i: (os.fdatasync if i < n else os.fsync)(fds[i]), [*range(len(fds))])
-    finally:
-        for d in dirs:
-            os.close(d)
 
 
 def one_wave_compiled(b: Batch) -> None:
     b.rename_all()
-    dirs = b.open_dirs()
-    try:
+    with b.opened_dirs() as dirs:
         errors = flushes.sync_fds(b.fds + dirs, [True] * len(b.fds) + [False] * len(dirs))
-        if errors is None:
-            raise RuntimeError("lmcache_core's compiled module is not built here")
-        if any(e is not None for e in errors):
-            raise next(e for e in errors if e is not None)
-    finally:
-        for d in dirs:
-            os.close(d)
+    if errors is None:
+        raise RuntimeError("lmcache_core's compiled module is not built here")
+    for e in errors:
+        if e is not None:
+            raise e
 
 
 CONTENDERS: dict[str, tuple[Callable[[Batch], None], bool]] = {
