@@ -13,8 +13,9 @@ The renamed object is complete in the file system when it is renamed (its writes
 returned), so no process ever sees a partial one. Only power loss during the wave can
 leave an object whose data did not reach the device under its final name, and no read
 serves it: every read verifies the size, the header and the checksum of the data, and an
-object that fails is a miss and is removed. On a journaling file system the renames, and
-the data's extent changes, commit in the same transaction as the flushes anyway.
+object that fails is a miss and is removed. (For ``O_DIRECT`` writes on ext4 a rename
+becomes durable only in a journal commit, whose device cache flush also covers the data
+written before the rename.)
 """
 
 from __future__ import annotations
