@@ -30,6 +30,7 @@ SMALL: dict[str, list[str]] = {
     "bench_cpu_storm": ["1"],
     "bench_disk": ["--sizes", "4", "--total-mib", "64", "--repeats", "1", "--steady"],
     "bench_disk_ops": ["--rounds", "1"],
+    "bench_flushes": ["--files", "8", "--mib", "1", "--repeats", "3"],
     "bench_gds": ["--sizes", "4", "--total-mib", "64", "--repeats", "1"],
     "bench_gather": ["--rounds", "2", "--block", "2", "--cache-mib", "32", "--blocks", "128"],
     "bench_hierarchy": ["--rounds", "3", "--iters", "50"],
