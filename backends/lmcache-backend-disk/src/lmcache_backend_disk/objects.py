@@ -238,22 +238,14 @@ class ObjectIO:
         )
 
     # ------------------------------------------------------------------ writing
-    def write_temp(
-        self, tmp_rel: str, template: HeaderTemplate, value: torch.Tensor
-    ) -> tuple[int, list[str]]:
-        """Write the complete object of ``value`` (whose header ``template`` describes) to
-        the new file ``tmp_rel``, flushed to the device when durable. Returns its size and
-        the (relative) directories whose new entries (created on the way) still need an
-        fsync. The file is removed on any error."""
-        return self.write_new_file(tmp_rel, lambda fd: self._write(fd, template, value))
-
     def write_temp_unsynced(
         self, tmp_rel: str, template: HeaderTemplate, value: torch.Tensor
     ) -> tuple[int, list[str], int]:
-        """Like :meth:`write_temp`, but the file is left open and not yet flushed: returns
-        its size, the directories needing an fsync and its descriptor, which the caller
-        must flush and close (:meth:`finish_temp`, or the disk tier's wave after its
-        renames). A batch writes all its objects first and then flushes them, so one
+        """Write the complete object of ``value`` (whose header ``template`` describes) to
+        the new file ``tmp_rel``, left open and not yet flushed: returns its size, the
+        (relative) directories whose new entries (created on the way) still need an fsync
+        and its descriptor, which the caller must flush and close (:meth:`finish_temp`, or
+        the disk tier's wave after its renames). The file is removed on any error. A batch writes all its objects first and then flushes them, so one
         journal commit covers the whole batch instead of one commit (and device cache
         flush) per object racing the other objects' writes."""
         fd, size, new_dirs = self._fill_new_file(
@@ -277,7 +269,7 @@ class ObjectIO:
         """Create the new file ``tmp_rel`` (sandboxed, like every create), let ``fill``
         write it through its descriptor and return the size written, flush it when
         durable; the file is removed on any error. Returns the size and the directories
-        still needing an fsync (see :meth:`write_temp`). The seam other I/O paths (the
+        still needing an fsync (see :meth:`write_temp_unsynced`). The seam other I/O paths (the
         gds backend's device writes) use."""
         fd, size, new_dirs = self._fill_new_file(tmp_rel, fill)
         self.finish_temp(tmp_rel, fd)

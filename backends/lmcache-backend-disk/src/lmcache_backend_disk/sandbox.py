@@ -41,6 +41,8 @@ from lmcache_core.libc import libc_function
 __all__ = ["TierDir", "check_root", "open_root", "openat2_available"]
 
 _O_PATH = getattr(os, "O_PATH", 0)
+#: Errors of ``fsync`` on a directory from file systems that refuse it: not a failure.
+DIR_FSYNC_REFUSED = frozenset({errno.EINVAL, errno.EROFS})
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _RESOLVE_NO_MAGICLINKS = 0x02
@@ -423,8 +425,8 @@ class TierDir:
         with self.dir(rel) as dfd:
             try:
                 os.fsync(dfd)
-            except OSError as exc:  # some filesystems refuse fsync on directories
-                if exc.errno not in (errno.EINVAL, errno.EROFS):
+            except OSError as exc:
+                if exc.errno not in DIR_FSYNC_REFUSED:
                     raise
 
 
@@ -491,7 +493,7 @@ def _fsync_path(path: str) -> None:
     try:
         os.fsync(fd)
     except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.EROFS):
+        if exc.errno not in DIR_FSYNC_REFUSED:
             raise
     finally:
         os.close(fd)

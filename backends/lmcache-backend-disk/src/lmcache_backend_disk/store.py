@@ -38,7 +38,7 @@ import torch
 from lmcache_core.codecs import envelope_codec
 from lmcache_core.keys import CacheEngineKey
 
-from . import layout
+from . import layout, sandbox
 from .index import IndexTx, IndexUnavailable
 from .objects import HeaderTemplate
 from .state import DiskState
@@ -408,8 +408,7 @@ class DiskStore(DiskState):
                 self._stats.errors += 1
                 log.warning("disk tier %s: flushing %s failed: %s", self.root, w.rel, err)
         for d, err in zip(dirs, errors[len(files) :], strict=True):
-            # some file systems refuse fsync on directories
-            if err is not None and err.errno not in (errno.EINVAL, errno.EROFS):
+            if err is not None and err.errno not in sandbox.DIR_FSYNC_REFUSED:
                 log.warning("disk tier %s: fsync of %s failed: %s", self.root, d, err)
         if failed:
             self._unpublish(failed)
