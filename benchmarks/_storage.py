@@ -225,3 +225,16 @@ async def backend_get(
 async def remove_all(b: StorageBackend, keys: Sequence[CacheEngineKey]) -> None:
     """Remove every key (untimed clean-up between repeats)."""
     await asyncio.gather(*(b.remove(k) for k in keys))
+
+
+def flush_wave_kind() -> str:
+    """How the disk tier here issues the flushes that end a put (``LMCACHE_CORE_FLUSHES``):
+    one wave after the renames, compiled or from Python threads, or (older versions) a
+    wave of file flushes before the renames and one of directory fsyncs after them."""
+    from lmcache_backend_disk.flusher import Flusher
+
+    if not hasattr(Flusher, "sync_fds"):
+        return "two waves, python threads"
+    from lmcache_core import flushes
+
+    return "one wave, " + ("compiled" if flushes.native() else "python threads")

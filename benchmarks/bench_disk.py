@@ -58,6 +58,7 @@ from _storage import (
     backend_get,
     backend_put,
     files_under,
+    flush_wave_kind,
     make_cold,
     raw_read,
     raw_write,
@@ -160,16 +161,9 @@ class _Size:
         turns = getattr(getattr(b, "_io", None), "_read_turns", None)
         queue = getattr(turns, "native", None)  # (older versions: a semaphore)
         kind = "compiled" if queue else "python semaphore" if queue is False else "none"
-        flusher = getattr(b, "_flusher", None)
-        if not hasattr(flusher, "sync_fds"):  # older versions: files, renames, directories
-            waves = "two waves, python threads"
-        else:
-            from lmcache_core import flushes
-
-            waves = "one wave, " + ("compiled" if flushes.native() else "python threads")
         return (
             f"disk concurrency={b.opts.concurrency}, reads in flight={rif}, read queue={kind}, "
-            f"flushes={waves}"
+            f"flushes={flush_wave_kind()}"
         )
 
     def close(self) -> None:

@@ -64,6 +64,7 @@ from _storage import (  # noqa: F401 - raw_write/resident_pages: used by the tes
     RAW_REQUEST,
     aligned_bytes,
     files_under,
+    flush_wave_kind,
     fsync_dir,
     make_cold,
     raw_read,
@@ -859,17 +860,6 @@ def _read_queue() -> str:
     return "compiled" if ReadTurns(1).native else "python semaphore"
 
 
-def _flush_wave() -> str:
-    """How the disk tier issues a put's flushes here (``LMCACHE_CORE_FLUSHES``)."""
-    from lmcache_backend_disk.flusher import Flusher
-
-    if not hasattr(Flusher, "sync_fds"):  # older versions: files, renames, directories
-        return "two waves, python threads"
-    from lmcache_core import flushes
-
-    return "one wave, " + ("compiled" if flushes.native() else "python threads")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="processes, one after the other")
@@ -911,7 +901,7 @@ def main() -> None:
         f"lmcache-core vs LMCache {getattr(lmcache, '__version__', '?')}, torch "
         f"{torch.__version__}, {os.cpu_count()} cores, {args.runs} runs x {args.reps} reps, "
         f"disk sizes {args.mib} MiB, disk read queue: {_read_queue()}, "
-        f"flushes: {_flush_wave()}",
+        f"flushes: {flush_wave_kind()}",
         flush=True,
     )
     runs = []
