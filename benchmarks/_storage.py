@@ -28,6 +28,7 @@ __all__ = [
     "aligned_bytes",
     "backend_get",
     "backend_put",
+    "disk_counters",
     "files_under",
     "fsync_dir",
     "make_cold",
@@ -225,6 +226,27 @@ async def backend_get(
 async def remove_all(b: StorageBackend, keys: Sequence[CacheEngineKey]) -> None:
     """Remove every key (untimed clean-up between repeats)."""
     await asyncio.gather(*(b.remove(k) for k in keys))
+
+
+def disk_counters(path: str) -> list[int] | None:
+    """The ``/proc/diskstats`` counters of the disk holding ``path`` (of the whole disk for
+    a partition): ``[0]`` reads completed, ``[4]`` writes completed, ``[15]`` cache
+    flushes completed where the kernel reports them; ``None`` where unknown."""
+    dev = os.stat(path).st_dev
+    major, minor = os.major(dev), os.minor(dev)
+    try:
+        sysfs = os.path.realpath(f"/sys/dev/block/{major}:{minor}")
+        if os.path.exists(os.path.join(sysfs, "partition")):
+            with open(os.path.join(os.path.dirname(sysfs), "dev")) as f:
+                major, minor = (int(x) for x in f.read().split(":"))
+        with open("/proc/diskstats") as f:
+            for line in f:
+                parts = line.split()
+                if int(parts[0]) == major and int(parts[1]) == minor:
+                    return [int(x) for x in parts[3:]]
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def flush_wave_kind() -> str:

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _storage import aligned_bytes
+from _storage import aligned_bytes, disk_counters
 
 from lmcache_core import flushes
 
@@ -47,22 +47,8 @@ IN_FLIGHT = 16  # the raw loop's deepest setting, and the tier's Python flusher'
 
 def device_flushes(path: str) -> int | None:
     """Cache flushes the block device holding ``path`` has completed (``None``: unknown)."""
-    dev = os.stat(path).st_dev
-    major, minor = os.major(dev), os.minor(dev)
-    try:
-        sysfs = os.path.realpath(f"/sys/dev/block/{major}:{minor}")
-        if os.path.exists(os.path.join(sysfs, "partition")):  # flushes count on the disk
-            with open(os.path.join(os.path.dirname(sysfs), "dev")) as f:
-                major, minor = (int(x) for x in f.read().split(":"))
-        with open("/proc/diskstats") as f:
-            for line in f:
-                parts = line.split()
-                if int(parts[0]) == major and int(parts[1]) == minor:
-                    # field 16 after the name: flush requests completed
-                    return int(parts[18]) if len(parts) > 18 else None
-    except (OSError, ValueError):
-        return None
-    return None
+    counters = disk_counters(path)
+    return counters[15] if counters is not None and len(counters) > 15 else None
 
 
 class Batch:

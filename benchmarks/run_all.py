@@ -39,6 +39,7 @@ SMALL: dict[str, list[str]] = {
     "bench_nice_gil": ["--burners", "1", "--nice", "0", "10", "--seconds", "0.5", "--rounds", "1"],
     "bench_placement": ["--chunks", "20000", "--rounds", "3"],
     "bench_save_copy": ["--chunks", "4", "--rounds", "2", "--layers", "2"],
+    "bench_small_pages": ["--chunks", "4", "--mib", "4", "--repeats", "2"],
     "bench_s3": ["--reps", "1", "--sizes", "4", "--concurrency", "1,4"],
     "bench_sync": ["--rounds", "3", "--block", "10"],
     "bench_token_db": [],

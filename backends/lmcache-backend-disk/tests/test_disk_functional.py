@@ -382,10 +382,12 @@ def test_buffers_aligned_to_the_devices_dma_alignment_go_direct(tmp_path: Path) 
     """Where the filesystem reports (``statx``) and the probe confirms a memory alignment
     finer than 4096 (512 on this machine's virtio disk, 4 on NVMe), tensors aligned to it
     but not to 4096 are written from and read into directly (no object-sized staging
-    buffer), bit-exact; coarser-misaligned ones still go through staging."""
+    buffer), bit-exact; coarser-misaligned ones still go through staging. (``small_pages``
+    ``direct``: the buffer is partly in 4 KiB pages, which ``auto`` stages on a virtio
+    disk; tested below.)"""
 
     async def body() -> None:
-        b = _b(tmp_path / "tier", direct_io="true")
+        b = _b(tmp_path / "tier", direct_io="true", small_pages="direct")
         await b.start()
         try:
             align = b.stats()["direct_io_mem_align"]

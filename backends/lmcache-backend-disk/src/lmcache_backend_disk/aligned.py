@@ -15,6 +15,13 @@ reused ``malloc`` heap hands them out) split each 4 MiB transfer into several de
 requests - 5.5 per write and 7.2 per read into such ``torch.empty`` memory here, against
 2.0 and 2.1 into huge pages (``/sys/block/vda/stat``) - and each request costs the
 device's per-request time.
+
+A caller's tensor that happens to be aligned (``torch.empty`` returns 512-byte aligned
+memory for some allocations) but lies in scattered 4 KiB pages is therefore better staged
+through a huge-page buffer and copied, on a device where the split costs:
+:func:`huge_backed` tells whether memory is mapped by huge pages (``PAGEMAP_SCAN``,
+Linux 6.7+) and :func:`small_pages_split` whether a device splits transfers of 4 KiB
+pages into more requests than those of huge pages.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import mmap
 import os
 import threading
 import time
+from pathlib import Path
 
 import torch
 
@@ -34,10 +42,12 @@ __all__ = [
     "AlignedBuffer",
     "BufferPool",
     "aligned_empty",
+    "huge_backed",
     "is_aligned",
     "probe_direct_io",
     "probe_direct_mem_align",
     "round_up",
+    "small_pages_split",
 ]
 
 ALIGN = 4096
@@ -333,3 +343,137 @@ def probe_direct_mem_align(dir_fd: int, name: str) -> int:
         return ALIGN
     finally:
         _discard_probe(fd, dir_fd, name, buf)
+
+
+# ---------------------------------------------------------------- page sizes of memory
+class _PageRegion(ctypes.Structure):
+    _fields_ = [
+        ("start", ctypes.c_uint64),
+        ("end", ctypes.c_uint64),
+        ("categories", ctypes.c_uint64),
+    ]
+
+
+class _PmScanArg(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in (
+            "size",
+            "flags",
+            "start",
+            "end",
+            "walk_end",
+            "vec",
+            "vec_len",
+            "max_pages",
+            "category_inverted",
+            "category_mask",
+            "category_anyof_mask",
+            "return_mask",
+        )
+    ]
+
+
+#: ``_IOWR('f', 16, struct pm_scan_arg)`` and the two page categories asked for
+#: (include/uapi/linux/fs.h).
+_PAGEMAP_SCAN = (3 << 30) | (ctypes.sizeof(_PmScanArg) << 16) | (ord("f") << 8) | 16
+_PAGE_IS_PRESENT = 1 << 3
+_PAGE_IS_HUGE = 1 << 6
+
+
+class _Pagemap:
+    """``/proc/self/pagemap`` of this process, opened on first use and again after a
+    fork (the descriptor names the process that opened it); ``None`` once the kernel
+    turned ``PAGEMAP_SCAN`` down."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fd = -1
+        self._pid = 0
+        self.supported = True
+        self._ioctl = libc_function("ioctl")
+        if self._ioctl is None:
+            self.supported = False
+        else:
+            self._ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+            self._ioctl.restype = ctypes.c_int
+
+    def fd(self) -> int:
+        with self._lock:
+            if self._pid != os.getpid():
+                if self._fd >= 0:  # a forked child's copy of its parent's descriptor
+                    os.close(self._fd)
+                    self._fd = -1
+                self._fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+                self._pid = os.getpid()
+            return self._fd
+
+    def huge(self, addr: int, nbytes: int) -> bool | None:
+        if not self.supported or nbytes <= 0:
+            return None
+        try:
+            fd = self.fd()
+        except OSError:
+            self.supported = False
+            return None
+        regions = (_PageRegion * 2)()
+        start = addr - addr % ALIGN
+        end = round_up(addr + nbytes)
+        arg = _PmScanArg(
+            size=ctypes.sizeof(_PmScanArg),
+            start=start,
+            end=end,
+            vec=ctypes.addressof(regions),
+            vec_len=2,
+            return_mask=_PAGE_IS_PRESENT | _PAGE_IS_HUGE,
+        )
+        assert self._ioctl is not None
+        got = self._ioctl(fd, _PAGEMAP_SCAN, ctypes.byref(arg))
+        if got < 0:
+            if ctypes.get_errno() in (25, 22):  # ENOTTY, EINVAL: no PAGEMAP_SCAN here
+                self.supported = False
+            return None
+        # adjacent pages of the same categories come back as one region
+        want = _PAGE_IS_PRESENT | _PAGE_IS_HUGE
+        return bool(
+            got == 1
+            and regions[0].start == start
+            and regions[0].end == end
+            and regions[0].categories == want
+        )
+
+
+_PAGEMAP = _Pagemap()
+
+
+def huge_backed(addr: int, nbytes: int) -> bool | None:
+    """Whether every page of the memory ``[addr, addr + nbytes)`` of this process is
+    present and mapped by huge pages (``PAGEMAP_SCAN`` of ``/proc/self/pagemap``, Linux
+    6.7+; no privilege needed); ``None`` where the kernel cannot tell. Memory not yet
+    touched is not huge-backed (``False``)."""
+    return _PAGEMAP.huge(addr, nbytes)
+
+
+def small_pages_split(dev: int, transfer: int, sys_root: str = "/sys") -> bool:
+    """Whether ``O_DIRECT`` transfers of ``transfer`` bytes on the block device ``dev``
+    (an ``st_dev``) are split into more device requests from scattered 4 KiB pages than
+    from huge pages, on a device where each request was measured to cost: a virtio-blk
+    disk (``/sys/block/vda/stat`` here, docs/backends/disk.md, "Caller memory and device
+    requests"), whose queue takes fewer 4 KiB segments per request (``max_segments``)
+    than its largest request (``max_sectors_kb``) and the transfer need. ``False``
+    wherever anything is unknown (another driver, a stacked device, no sysfs)."""
+    try:
+        node = Path(sys_root, "dev", "block", f"{os.major(dev)}:{os.minor(dev)}").resolve(
+            strict=True
+        )
+        if (node / "partition").exists():
+            node = node.parent
+        queue = node / "queue"
+        driver = (node / "device" / "driver").resolve(strict=True).name
+        max_segments = int((queue / "max_segments").read_text())
+        max_request = int((queue / "max_sectors_kb").read_text()) * 1024
+    except (OSError, ValueError):
+        return False
+    if driver != "virtio_blk" or max_segments <= 0:
+        return False
+    return max_segments * ALIGN < min(max_request, transfer)

@@ -37,7 +37,7 @@ from lmcache_core.errors import FormatError
 from lmcache_core.libc import libc_function
 from lmcache_core.turns import ReadTurns
 
-from .aligned import ALIGN, BufferPool, aligned_empty, round_up
+from .aligned import ALIGN, BufferPool, aligned_empty, huge_backed, round_up
 from .layout import current_umask, is_expected_location
 from .sandbox import TierDir
 
@@ -213,12 +213,20 @@ class ObjectIO:
         pool: BufferPool,
         mem_align: int = ALIGN,
         reads_in_flight: int = 0,
+        stage_small_pages: bool = False,
     ) -> None:
         self.tier = tier
         #: Memory alignment an ``O_DIRECT`` transfer needs here (see
         #: :func:`~.aligned.probe_direct_mem_align`): a caller's tensor aligned to it is
-        #: written from and read into directly, without a staging copy.
+        #: written from and read into directly, without a staging copy...
         self.mem_align = mem_align
+        #: ... unless this is set and the tensor lies in 4 KiB pages (not known to be
+        #: huge-backed): on a device that splits such transfers into more requests, the
+        #: staging buffer's huge pages and a copy cost less (the ``small_pages`` option).
+        self.stage_small_pages = stage_small_pages
+        #: Aligned caller tensors staged for that reason (counted, for stats and tests).
+        self.small_page_stagings = 0
+        self._count_lock = threading.Lock()
         self.file_mode = file_mode
         self.dir_mode = dir_mode
         self.direct = direct
@@ -238,6 +246,18 @@ class ObjectIO:
         )
 
     # ------------------------------------------------------------------ writing
+    def _direct(self, arr: np.ndarray) -> bool:
+        """Whether an ``O_DIRECT`` transfer may use ``arr``'s memory itself: aligned for
+        the device and, where small pages are staged, not known to lie in 4 KiB pages."""
+        addr = arr.ctypes.data
+        if addr % self.mem_align:
+            return False
+        if not self.stage_small_pages or huge_backed(addr, arr.nbytes) is not False:
+            return True
+        with self._count_lock:
+            self.small_page_stagings += 1
+        return False
+
     def write_temp_unsynced(
         self, tmp_rel: str, template: HeaderTemplate, value: torch.Tensor
     ) -> tuple[int, list[str], int]:
@@ -330,7 +350,7 @@ class ObjectIO:
         size = hlen + n
         padded = round_up(size)
         _preallocate(fd, padded)
-        aligned = n >= ALIGN and src.ctypes.data % self.mem_align == 0
+        aligned = n >= ALIGN and self._direct(src)
         if n > WRITE_PIECE:
             return self._write_direct_pieces(fd, template, src, aligned)
         if aligned:
@@ -512,7 +532,7 @@ class ObjectIO:
         and the data's xxh3-128 hex digest."""
         n = size - hlen
         hasher = xxh3_128()
-        aligned = dst.ctypes.data % self.mem_align == 0
+        aligned = self._direct(dst)
         span = round_up(hlen + min(n, READ_PIECE)) if not aligned else hlen + ALIGN
         buf = self.pool.take(span)
         stage = np.frombuffer(buf.view, dtype=np.uint8)
@@ -660,7 +680,7 @@ class ObjectIO:
             views.append(dst.data)
             _pread_exact(fd, views, 0 if with_head else hlen, n + len(head))
             return bytes(head)
-        if dst.ctypes.data % self.mem_align == 0:
+        if self._direct(dst):
             return self._read_direct_aligned(fd, hlen, size, dst, with_head)
         start = 0 if with_head else hlen
         buf = self.pool.take(round_up(size - start))

@@ -37,6 +37,16 @@ class DiskOptions:
         doc="O_DIRECT with aligned reused buffers: auto (when the filesystem accepts it), "
         "true (refuse to start otherwise), false (buffered I/O).",
     )
+    small_pages: str = option(
+        "auto",
+        choices=("auto", "stage", "direct"),
+        doc="O_DIRECT transfers with an aligned caller tensor in ordinary 4 KiB pages: "
+        "stage (through a huge-page buffer and a copy: the device gets fewer, larger "
+        "requests), direct (the tensor's own pages), auto (stage on a virtio-blk disk whose "
+        "segment limit splits such transfers, where that was measured faster; else direct). "
+        "Memory mapped by huge pages, or where the kernel cannot tell (before Linux 6.7), "
+        "is always used directly.",
+    )
     fsync: bool = option(
         True,
         doc="fdatasync each object and fsync its directory before a put returns (survives "

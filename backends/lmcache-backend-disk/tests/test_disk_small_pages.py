@@ -1,0 +1,245 @@
+"""Caller memory in 4 KiB pages: ``huge_backed`` tells it from huge pages,
+``small_pages_split`` reads a device's queue limits, and the ``small_pages`` option sends
+aligned tensors in small pages through a huge-page staging buffer (bit-exact either way)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from disk_testutil import run
+from lmcache_backend_disk import DiskBackend, aligned_empty
+from lmcache_backend_disk.aligned import huge_backed, small_pages_split
+from lmcache_backend_disk.objects import READ_PIECE
+
+from lmcache_core import CacheEngineKey
+from lmcache_core.errors import ConfigError
+from lmcache_core.testing import random_tensor, same_bits
+
+MiB = 1 << 20
+N = 4 * MiB
+
+
+def small_pages(nbytes: int, seed: int = 0) -> torch.Tensor:
+    """A page-aligned uint8 tensor in ordinary 4 KiB pages, faulted in a shuffled order
+    (scattered physical pages, as a reused ``malloc`` heap hands them out)."""
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        m.madvise(mmap.MADV_NOHUGEPAGE)
+    pages = list(range(nbytes // 4096))
+    random.Random(seed).shuffle(pages)
+    for p in pages:
+        m[p * 4096] = 1
+    return torch.frombuffer(m, dtype=torch.uint8, count=nbytes)
+
+
+def smaps_huge_kib(addr: int) -> int | None:
+    """``AnonHugePages`` of the mapping holding ``addr`` (``None``: no such mapping)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            m = re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line)
+            if m:
+                inside = int(m.group(1), 16) <= addr < int(m.group(2), 16)
+            elif inside and line.startswith("AnonHugePages:"):
+                return int(line.split()[1])
+    return None
+
+
+def _need_pagemap_scan() -> None:
+    probe = small_pages(8192)
+    if huge_backed(probe.data_ptr(), 8192) is None:
+        pytest.skip("this kernel has no PAGEMAP_SCAN (Linux 6.7+): huge pages are not told")
+
+
+def test_small_and_untouched_pages_are_not_huge_backed() -> None:
+    _need_pagemap_scan()
+    small = small_pages(N)
+    assert huge_backed(small.data_ptr(), N) is False
+    assert huge_backed(small.data_ptr() + 100, 5000) is False
+    untouched = aligned_empty((N,), torch.uint8)  # asked for huge pages, never touched
+    assert huge_backed(untouched.data_ptr(), N) is False
+
+
+def test_huge_backed_agrees_with_smaps() -> None:
+    """``aligned_empty`` memory asks for transparent huge pages; whether the kernel gave
+    them (``/proc/self/smaps``) is what ``huge_backed`` must report, for the whole range
+    and for part of it."""
+    _need_pagemap_scan()
+    t = aligned_empty((N,), torch.uint8)
+    t.fill_(1)
+    kib = smaps_huge_kib(t.data_ptr())
+    assert kib is not None
+    whole = kib * 1024 >= N
+    assert huge_backed(t.data_ptr(), N) is whole
+    assert huge_backed(t.data_ptr() + 4096 + 7, MiB) is whole
+    if not whole:
+        pytest.skip("the kernel gave this process no huge pages (THP off or memory short)")
+
+
+def test_huge_backed_works_in_a_forked_child() -> None:
+    """The pagemap descriptor names the process that opened it: a child must open its own."""
+    _need_pagemap_scan()
+    small = small_pages(N)
+    huge_backed(small.data_ptr(), N)  # the parent's descriptor is open now
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            ans = huge_backed(small.data_ptr(), N)
+            os.write(w, repr(ans).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 100).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert got == "False"
+
+
+def _fake_sysfs(root: Path, driver: str, max_segments: int, max_sectors_kb: int) -> None:
+    disk = root / "devices" / "pci0000:00" / "virtio1" / "block" / "vda"
+    (disk / "queue").mkdir(parents=True)
+    (disk / "queue" / "max_segments").write_text(f"{max_segments}\n")
+    (disk / "queue" / "max_sectors_kb").write_text(f"{max_sectors_kb}\n")
+    drv = root / "bus" / "drivers" / driver
+    drv.mkdir(parents=True)
+    (disk / "device").mkdir()
+    (disk / "device" / "driver").symlink_to(drv)
+    part = disk / "vda1"
+    part.mkdir()
+    (part / "partition").write_text("1\n")
+    (root / "dev" / "block").mkdir(parents=True)
+    (root / "dev" / "block" / "254:0").symlink_to(disk)
+    (root / "dev" / "block" / "254:1").symlink_to(part)
+
+
+@pytest.mark.parametrize(
+    ("driver", "segments", "sectors_kb", "transfer", "want"),
+    [
+        ("virtio_blk", 254, 4096, N, True),  # this machine's disk: 1016 KiB per request
+        ("virtio_blk", 254, 4096, 512 * 1024, False),  # fits one request anyway
+        ("virtio_blk", 254, 512, N, False),  # the request limit binds first
+        ("virtio_blk", 2048, 4096, N, False),  # segments are not the limit
+        ("nvme", 127, 1280, N, False),  # not measured there: direct
+    ],
+)
+def test_small_pages_split_reads_the_device_queue(
+    tmp_path: Path, driver: str, segments: int, sectors_kb: int, transfer: int, want: bool
+) -> None:
+    _fake_sysfs(tmp_path, driver, segments, sectors_kb)
+    for minor in (0, 1):  # the disk, and a partition of it (limits of its disk)
+        assert small_pages_split(os.makedev(254, minor), transfer, str(tmp_path)) is want
+
+
+def test_small_pages_split_is_false_where_anything_is_unknown(tmp_path: Path) -> None:
+    assert small_pages_split(os.makedev(254, 0), N, str(tmp_path)) is False  # no sysfs
+    _fake_sysfs(tmp_path, "virtio_blk", 254, 4096)
+    assert small_pages_split(os.makedev(254, 7), N, str(tmp_path)) is False  # no device
+    q = tmp_path / "devices" / "pci0000:00" / "virtio1" / "block" / "vda" / "queue"
+    (q / "max_segments").write_text("many\n")
+    assert small_pages_split(os.makedev(254, 0), N, str(tmp_path)) is False
+
+
+def _backend(root: Path, mode: str) -> DiskBackend:
+    return DiskBackend(
+        {"path": str(root), "max_bytes": "256MiB", "direct_io": "true", "small_pages": mode}
+    )
+
+
+def _key(i: int) -> CacheEngineKey:
+    return CacheEngineKey("small-pages", 1, 0, i + 1, "uint8")
+
+
+def _count_takes(b: DiskBackend) -> list[int]:
+    taken: list[int] = []
+    real_take = b._buffers.take
+
+    def take(nbytes: int) -> Any:
+        taken.append(nbytes)
+        return real_take(nbytes)
+
+    b._buffers.take = take  # type: ignore[method-assign]
+    return taken
+
+
+def test_stage_sends_small_page_tensors_through_staging(tmp_path: Path) -> None:
+    """``stage``: a put from and a read into an aligned tensor in 4 KiB pages both go
+    through an object-sized staging buffer, counted, bit-exact; ``direct`` uses the
+    tensor's own pages (bounce blocks only)."""
+    _need_pagemap_scan()
+
+    async def body() -> None:
+        for mode, staged in (("stage", True), ("direct", False)):
+            b = _backend(tmp_path / mode, mode)
+            await b.start()
+            try:
+                assert b.stats()["stage_small_pages"] is staged
+                val = random_tensor((N,), torch.uint8, seed=3)
+                src = small_pages(N, seed=1)
+                src.copy_(val)
+                taken = _count_takes(b)
+                assert await b.put(_key(0), src)
+                out = small_pages(N, seed=2)
+                assert await b.get_into(_key(0), out)
+                assert same_bits(out, val)
+                if staged:
+                    assert b.stats()["small_page_stagings"] == 2
+                    assert sum(1 for t in taken if t >= N) == 2, taken
+                else:
+                    assert b.stats()["small_page_stagings"] == 0
+                    assert max(taken) < 64 * 1024, taken
+            finally:
+                await b.close()
+
+    run(body())
+
+
+def test_stage_uses_huge_page_tensors_directly(tmp_path: Path) -> None:
+    """Under ``stage``, a tensor the kernel maps with huge pages is still read into
+    directly (that is what the staging buffer would give the device)."""
+    _need_pagemap_scan()
+    out = aligned_empty((N,), torch.uint8)
+    out.fill_(0)
+    if not huge_backed(out.data_ptr(), N):
+        pytest.skip("the kernel gave this process no huge pages (THP off or memory short)")
+
+    async def body() -> None:
+        b = _backend(tmp_path / "t", "stage")
+        await b.start()
+        try:
+            val = random_tensor((N,), torch.uint8, seed=4)
+            assert await b.put(_key(1), val)  # torch memory: staged by alignment anyway
+            taken = _count_takes(b)
+            assert await b.get_into(_key(1), out)
+            assert same_bits(out, val)
+            assert b.stats()["small_page_stagings"] == 0
+            assert max(taken) < 64 * 1024, taken
+        finally:
+            await b.close()
+
+    run(body())
+
+
+def test_auto_follows_the_device(tmp_path: Path) -> None:
+    async def body() -> None:
+        b = _backend(tmp_path / "t", "auto")
+        await b.start()
+        try:
+            want = small_pages_split(os.stat(b.root).st_dev, READ_PIECE)
+            assert b.stats()["stage_small_pages"] is want
+        finally:
+            await b.close()
+
+    run(body())
+
+
+def test_small_pages_option_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="small_pages"):
+        DiskBackend({"path": str(tmp_path / "t"), "small_pages": "sometimes"})
