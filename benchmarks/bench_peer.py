@@ -63,6 +63,7 @@ from _storage import (  # noqa: F401 - raw_write/resident_pages: used by the tes
     QDS,
     RAW_REQUEST,
     aligned_bytes,
+    disk_counters,
     files_under,
     flush_wave_kind,
     fsync_dir,
@@ -651,6 +652,8 @@ class DiskSize:
             "LMCache O_DIRECT": Peer(cpu_gib, os.path.join(self.work, "peer-odirect"), True),
         }
         self.samples: dict[str, list[float]] = {}
+        #: device requests per object of each timed contender (``/proc/diskstats``)
+        self.requests: dict[str, list[float]] = {}
         #: raw baseline variants: (name, requests in flight, request size); whole-file
         #: requests too when a chunk is larger than RAW_REQUEST
         reqs = [RAW_REQUEST] + ([self.nbytes] if self.nbytes > RAW_REQUEST else [])
@@ -674,9 +677,14 @@ class DiskSize:
         Every put is durable when it returns, so none leaves writeback for the next."""
         if cold:
             make_cold(cold)
+        c0 = disk_counters(self.work)
         t0 = time.perf_counter()
         fn()
         self.samples.setdefault(name, []).append(time.perf_counter() - t0)
+        c1 = disk_counters(self.work)
+        if c0 is not None and c1 is not None:  # reads completed, or writes completed
+            i = 0 if cold else 4
+            self.requests.setdefault(name, []).append((c1[i] - c0[i]) / self.n)
 
     def _check(self, outs: Sequence[torch.Tensor], what: str) -> None:
         for o, v in zip(outs, self.values, strict=True):
@@ -801,6 +809,14 @@ class DiskSize:
             )
         detail = ", ".join(f"{k} {v['rate']:.2f}" for k, v in sorted(fig.items()))
         print(f"  {size} x {self.n}: GB/s medians: {detail}", flush=True)
+        if self.requests:  # the device's view: a transfer split into more requests costs
+            reqs = ", ".join(f"{k} {med(v):.1f}" for k, v in sorted(self.requests.items()))
+            staged = self.ours.stats().get("small_page_stagings", "n/a")
+            print(
+                f"  {size} x {self.n}: device requests per object: {reqs}; aligned caller "
+                f"tensors in 4 KiB pages the tier staged: {staged}",
+                flush=True,
+            )
         return rows
 
 
