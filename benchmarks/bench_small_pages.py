@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -67,7 +68,7 @@ def small_page_tensor(nbytes: int, seed: int) -> torch.Tensor:
 
 
 def _mv(t: torch.Tensor) -> memoryview:
-    return memoryview(t.numpy()).cast("B")
+    return t.numpy().data.cast("B")
 
 
 class Run:
@@ -133,19 +134,34 @@ class Run:
                 raise AssertionError(f"{what}: a read was not bit-exact")
             o.fill_(0)
 
+    def _raw_read(self, dsts: list[torch.Tensor]) -> None:
+        raw_read(self.raw_files, [_mv(d) for d in dsts], QD)
+
+    def _tier_read(self, tier: SyncBackend) -> None:
+        assert_all(tier.batched_get_into(self.read_keys, self.small_dst))
+
+    def _raw_put(self, d: str, src: list[torch.Tensor]) -> None:
+        raw_write(d, [f"o{i}" for i in range(self.n)], [_mv(s) for s in src], QD)
+
+    def _tier_put(self, tier: SyncBackend, keys: list[CacheEngineKey]) -> None:
+        assert_all(tier.batched_put(keys, self.small_src))
+
+    @staticmethod
+    def _tier_remove(tier: SyncBackend, keys: list[CacheEngineKey]) -> None:
+        for key in keys:
+            tier.remove(key)
+
     def reads(self, r: int) -> None:
         tier_files = {m: files_under(os.path.join(self.work, m), self.nbytes) for m in self.tiers}
         contenders: list[tuple[str, Callable[[], object], list[str], list[torch.Tensor]]] = [
-            ("read raw, huge pages", lambda: raw_read(self.raw_files, [_mv(d) for d in self.huge_dst], QD),
-             self.raw_files, self.huge_dst),
-            ("read raw, small pages", lambda: raw_read(self.raw_files, [_mv(d) for d in self.small_dst], QD),
-             self.raw_files, self.small_dst),
+            ("read raw, huge pages", partial(self._raw_read, self.huge_dst), self.raw_files,
+             self.huge_dst),
+            ("read raw, small pages", partial(self._raw_read, self.small_dst), self.raw_files,
+             self.small_dst),
         ]  # fmt: skip
         for name, mode in (("direct", "direct"), ("stage", "stage"), ("stage (A/A)", "stage")):
-            t = self.tiers[mode]
             contenders.append(
-                (f"read tier, {name}",
-                 lambda t=t: assert_all(t.batched_get_into(self.read_keys, self.small_dst)),
+                (f"read tier, {name}", partial(self._tier_read, self.tiers[mode]),
                  tier_files[mode], self.small_dst)
             )  # fmt: skip
         k = r % len(contenders)
@@ -156,26 +172,22 @@ class Run:
 
     def puts(self, r: int) -> None:
         base = 1_000_000 * (r + 1)
-        contenders: list[tuple[str, Callable[[], object], Callable[[], None]]] = []
+        contenders: list[tuple[str, Callable[[], object], Callable[[], object]]] = []
         for name, src in (("huge pages", self.huge_src), ("small pages", self.small_src)):
             d = os.path.join(self.work, f"raw-put-{name[:4]}-{r}")
             contenders.append(
-                (f"put raw, {name}",
-                 lambda d=d, src=src: raw_write(d, [f"o{i}" for i in range(self.n)], [_mv(s) for s in src], QD),
-                 lambda d=d: shutil.rmtree(d))
-            )  # fmt: skip
-        for j, (name, mode) in enumerate(
-            (("direct", "direct"), ("stage", "stage"), ("stage (A/A)", "stage"))
-        ):
+                (f"put raw, {name}", partial(self._raw_put, d, src), partial(shutil.rmtree, d))
+            )
+        modes = (("direct", "direct"), ("stage", "stage"), ("stage (A/A)", "stage"))
+        for j, (name, mode) in enumerate(modes):
             t = self.tiers[mode]
             keys = [
                 CacheEngineKey("small-pages", 1, 0, base + 1000 * j + i, "uint8")
                 for i in range(self.n)
             ]
             contenders.append(
-                (f"put tier, {name}",
-                 lambda t=t, keys=keys: assert_all(t.batched_put(keys, self.small_src)),
-                 lambda t=t, keys=keys: [t.remove(k) for k in keys] and None)
+                (f"put tier, {name}", partial(self._tier_put, t, keys),
+                 partial(self._tier_remove, t, keys))
             )  # fmt: skip
         k = r % len(contenders)
         for name, fn, clean in contenders[k:] + contenders[:k]:

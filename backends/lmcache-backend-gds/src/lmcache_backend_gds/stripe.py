@@ -66,6 +66,7 @@ class GdsStripe(DiskBackend):
                 pool=io.pool,
                 mem_align=io.mem_align,
                 reads_in_flight=io.reads_in_flight,
+                stage_small_pages=io.stage_small_pages,
                 kvikio=kvikio,
                 task_size=self.task_size,
             )
