@@ -15,8 +15,11 @@ import pytest
 import torch
 from disk_testutil import run
 from lmcache_backend_disk import DiskBackend, aligned_empty
-from lmcache_backend_disk.aligned import huge_backed, small_pages_split
-from lmcache_backend_disk.objects import READ_PIECE
+from lmcache_backend_disk.aligned import (
+    huge_backed,
+    small_page_request_bytes,
+    small_pages_split,
+)
 
 from lmcache_core import CacheEngineKey
 from lmcache_core.errors import ConfigError
@@ -136,6 +139,9 @@ def test_small_pages_split_reads_the_device_queue(
     _fake_sysfs(tmp_path, driver, segments, sectors_kb)
     for minor in (0, 1):  # the disk, and a partition of it (limits of its disk)
         assert small_pages_split(os.makedev(254, minor), transfer, str(tmp_path)) is want
+    limit = small_page_request_bytes(os.makedev(254, 0), str(tmp_path))
+    assert limit == (segments * 4096 if segments * 4096 < sectors_kb * 1024 and
+                     driver == "virtio_blk" else None)  # fmt: skip
 
 
 def test_small_pages_split_is_false_where_anything_is_unknown(tmp_path: Path) -> None:
@@ -206,7 +212,7 @@ def test_stage_uses_huge_page_tensors_directly(tmp_path: Path) -> None:
     directly (that is what the staging buffer would give the device)."""
     _need_pagemap_scan()
     out = aligned_empty((N,), torch.uint8)
-    out.fill_(0)
+    out.fill_(7)  # not zeros: the kernel may split a huge page of zeros ("underused")
     if not huge_backed(out.data_ptr(), N):
         pytest.skip("the kernel gave this process no huge pages (THP off or memory short)")
 
@@ -232,8 +238,9 @@ def test_auto_follows_the_device(tmp_path: Path) -> None:
         b = _backend(tmp_path / "t", "auto")
         await b.start()
         try:
-            want = small_pages_split(os.stat(b.root).st_dev, READ_PIECE)
-            assert b.stats()["stage_small_pages"] is want
+            limit = small_page_request_bytes(os.stat(b.root).st_dev)
+            assert b.stats()["stage_small_pages"] is (limit is not None)
+            assert b.stats()["stage_small_pages_over_bytes"] == (limit or 0)
         finally:
             await b.close()
 
@@ -243,3 +250,27 @@ def test_auto_follows_the_device(tmp_path: Path) -> None:
 def test_small_pages_option_is_checked(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="small_pages"):
         DiskBackend({"path": str(tmp_path / "t"), "small_pages": "sometimes"})
+
+
+def test_small_tensors_go_direct_below_the_request_limit(tmp_path: Path) -> None:
+    """A tensor no larger than what one request carries from small pages is not split,
+    so it is used directly even where larger ones are staged."""
+    _need_pagemap_scan()
+
+    async def body() -> None:
+        b = _backend(tmp_path / "t", "stage")
+        await b.start()
+        try:
+            b._io.stage_small_pages = MiB  # as auto sets it on a device that splits
+            for n, staged in ((MiB, 0), (2 * MiB, 1)):
+                val = random_tensor((n,), torch.uint8, seed=n)
+                assert await b.put(_key(n), val)
+                before = b.stats()["small_page_stagings"]
+                out = small_pages(n, seed=n)
+                assert await b.get_into(_key(n), out)
+                assert same_bits(out, val)
+                assert b.stats()["small_page_stagings"] - before == staged
+        finally:
+            await b.close()
+
+    run(body())

@@ -47,6 +47,7 @@ __all__ = [
     "probe_direct_io",
     "probe_direct_mem_align",
     "round_up",
+    "small_page_request_bytes",
     "small_pages_split",
 ]
 
@@ -454,14 +455,13 @@ def huge_backed(addr: int, nbytes: int) -> bool | None:
     return _PAGEMAP.huge(addr, nbytes)
 
 
-def small_pages_split(dev: int, transfer: int, sys_root: str = "/sys") -> bool:
-    """Whether ``O_DIRECT`` transfers of ``transfer`` bytes on the block device ``dev``
-    (an ``st_dev``) are split into more device requests from scattered 4 KiB pages than
-    from huge pages, on a device where each request was measured to cost: a virtio-blk
-    disk (``/sys/block/vda/stat`` here, docs/backends/disk.md, "Caller memory and device
-    requests"), whose queue takes fewer 4 KiB segments per request (``max_segments``)
-    than its largest request (``max_sectors_kb``) and the transfer need. ``False``
-    wherever anything is unknown (another driver, a stacked device, no sysfs)."""
+def small_page_request_bytes(dev: int, sys_root: str = "/sys") -> int | None:
+    """The most bytes one device request carries from scattered 4 KiB pages on the block
+    device ``dev`` (an ``st_dev``), where that is less than its largest request and each
+    request was measured to cost: on a virtio-blk disk (docs/backends/disk.md, "Caller
+    memory and device requests"), ``max_segments`` x 4 KiB when below ``max_sectors_kb``
+    (1016 KiB against 4 MiB here). ``None`` where segments do not bind or anything is
+    unknown (another driver, a stacked device, no sysfs)."""
     try:
         node = Path(sys_root, "dev", "block", f"{os.major(dev)}:{os.minor(dev)}").resolve(
             strict=True
@@ -473,7 +473,15 @@ def small_pages_split(dev: int, transfer: int, sys_root: str = "/sys") -> bool:
         max_segments = int((queue / "max_segments").read_text())
         max_request = int((queue / "max_sectors_kb").read_text()) * 1024
     except (OSError, ValueError):
-        return False
-    if driver != "virtio_blk" or max_segments <= 0:
-        return False
-    return max_segments * ALIGN < min(max_request, transfer)
+        return None
+    if driver != "virtio_blk" or max_segments <= 0 or max_segments * ALIGN >= max_request:
+        return None
+    return max_segments * ALIGN
+
+
+def small_pages_split(dev: int, transfer: int, sys_root: str = "/sys") -> bool:
+    """Whether ``O_DIRECT`` transfers of ``transfer`` bytes on the block device ``dev``
+    are split into more device requests from scattered 4 KiB pages than from huge pages
+    (:func:`small_page_request_bytes`)."""
+    limit = small_page_request_bytes(dev, sys_root)
+    return limit is not None and limit < transfer

@@ -46,12 +46,12 @@ from .aligned import (
     BufferPool,
     probe_direct_io,
     probe_direct_mem_align,
-    small_pages_split,
+    small_page_request_bytes,
 )
 from .flusher import Flusher
 from .index import IndexUnavailable
 from .maint import DiskMaintenance
-from .objects import READ_PIECE, ObjectIO, ReadOutcome, ReadResult
+from .objects import ObjectIO, ReadOutcome, ReadResult
 from .options import DiskOptions, dir_mode, parse_mode
 from .owners import OWNERS, OwnerLock, new_owner_id
 from .pins import DiskPins
@@ -284,7 +284,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
             pool=self._buffers,
             mem_align=self.direct_mem_align,
             reads_in_flight=self.opts.reads_in_flight,
-            stage_small_pages=self.direct_io and self._stage_small_pages(),
+            stage_small_pages=self._stage_small_pages() if self.direct_io else 0,
         )
         self._index = SharedIndex(tier, self.file_mode, on_damage=self._index_damaged)
         self._view = KeyView(self._index, self._ns_dir, self.opts.lookup_refresh_s)
@@ -295,17 +295,18 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
             self._totals = tx.totals()
         self._view.current()  # loaded here, in a pool thread, not by the first lookup
 
-    def _stage_small_pages(self) -> bool:
-        """The ``small_pages`` option for this tier's device (``auto``: whether it splits
-        transfers of 4 KiB pages into more requests, see :func:`.aligned.small_pages_split`)."""
+    def _stage_small_pages(self) -> int:
+        """The ``small_pages`` option for this tier's device: stage aligned tensors in small
+        pages larger than this many bytes (0: never; ``auto``: larger than one device
+        request carries from such pages, see :func:`.aligned.small_page_request_bytes`)."""
         mode = self.opts.small_pages
         if mode != "auto":
-            return mode == "stage"
+            return 1 if mode == "stage" else 0
         try:
             dev = os.stat(self.root).st_dev
         except OSError:
-            return False
-        return small_pages_split(dev, READ_PIECE)
+            return 0
+        return small_page_request_bytes(dev) or 0
 
     def _make_meta_dirs(self) -> list[str]:
         """Create ``.lmcache-disk/owners`` (links or files in their place are removed),
@@ -577,7 +578,8 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
             "max_bytes": self.max_bytes,
             "direct_io": self.direct_io,
             "direct_io_mem_align": self.direct_mem_align,
-            "stage_small_pages": self._io.stage_small_pages if self._io is not None else False,
+            "stage_small_pages": bool(self._io is not None and self._io.stage_small_pages),
+            "stage_small_pages_over_bytes": self._io.stage_small_pages if self._io else 0,
             "small_page_stagings": self._io.small_page_stagings if self._io is not None else 0,
             "evictions": c.evictions,
             "evicted_bytes": c.evicted_bytes,

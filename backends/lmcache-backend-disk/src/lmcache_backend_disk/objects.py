@@ -213,16 +213,17 @@ class ObjectIO:
         pool: BufferPool,
         mem_align: int = ALIGN,
         reads_in_flight: int = 0,
-        stage_small_pages: bool = False,
+        stage_small_pages: int = 0,
     ) -> None:
         self.tier = tier
         #: Memory alignment an ``O_DIRECT`` transfer needs here (see
         #: :func:`~.aligned.probe_direct_mem_align`): a caller's tensor aligned to it is
         #: written from and read into directly, without a staging copy...
         self.mem_align = mem_align
-        #: ... unless this is set and the tensor lies in 4 KiB pages (not known to be
-        #: huge-backed): on a device that splits such transfers into more requests, the
-        #: staging buffer's huge pages and a copy cost less (the ``small_pages`` option).
+        #: ... unless it is larger than this many bytes (0: never) and lies in 4 KiB
+        #: pages (not known to be huge-backed): on a device that splits such transfers
+        #: into more requests, the staging buffer's huge pages and a copy cost less (the
+        #: ``small_pages`` option; the device's bytes per request from small pages).
         self.stage_small_pages = stage_small_pages
         #: Aligned caller tensors staged for that reason (counted, for stats and tests).
         self.small_page_stagings = 0
@@ -252,7 +253,8 @@ class ObjectIO:
         addr = arr.ctypes.data
         if addr % self.mem_align:
             return False
-        if not self.stage_small_pages or huge_backed(addr, arr.nbytes) is not False:
+        limit = self.stage_small_pages
+        if not limit or arr.nbytes <= limit or huge_backed(addr, arr.nbytes) is not False:
             return True
         with self._count_lock:
             self.small_page_stagings += 1

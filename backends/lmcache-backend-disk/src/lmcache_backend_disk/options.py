@@ -42,8 +42,9 @@ class DiskOptions:
         choices=("auto", "stage", "direct"),
         doc="O_DIRECT transfers with an aligned caller tensor in ordinary 4 KiB pages: "
         "stage (through a huge-page buffer and a copy: the device gets fewer, larger "
-        "requests), direct (the tensor's own pages), auto (stage on a virtio-blk disk whose "
-        "segment limit splits such transfers, where that was measured faster; else direct). "
+        "requests), direct (the tensor's own pages), auto (on a virtio-blk disk whose segment "
+        "limit splits such transfers, stage tensors larger than one request carries from small "
+        "pages, where that was measured faster; else direct). "
         "Memory mapped by huge pages, or where the kernel cannot tell (before Linux 6.7), "
         "is always used directly.",
     )
