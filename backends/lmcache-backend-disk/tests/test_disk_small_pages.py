@@ -17,6 +17,7 @@ from disk_testutil import run
 from lmcache_backend_disk import DiskBackend, aligned_empty
 from lmcache_backend_disk.aligned import (
     huge_backed,
+    huge_pages_available,
     small_page_request_bytes,
     small_pages_split,
 )
@@ -239,6 +240,8 @@ def test_auto_follows_the_device(tmp_path: Path) -> None:
         await b.start()
         try:
             limit = small_page_request_bytes(os.stat(b.root).st_dev)
+            if not huge_pages_available():
+                limit = None
             assert b.stats()["stage_small_pages"] is (limit is not None)
             assert b.stats()["stage_small_pages_over_bytes"] == (limit or 0)
         finally:
@@ -274,3 +277,18 @@ def test_small_tensors_go_direct_below_the_request_limit(tmp_path: Path) -> None
             await b.close()
 
     run(body())
+
+
+@pytest.mark.parametrize(
+    ("setting", "want"),
+    [("always [madvise] never\n", True), ("[always] madvise never\n", True),
+     ("always madvise [never]\n", False)],
+)  # fmt: skip
+def test_huge_pages_available_reads_the_thp_setting(
+    tmp_path: Path, setting: str, want: bool
+) -> None:
+    d = tmp_path / "kernel" / "mm" / "transparent_hugepage"
+    d.mkdir(parents=True)
+    (d / "enabled").write_text(setting)
+    assert huge_pages_available(str(tmp_path)) is want
+    assert huge_pages_available(str(tmp_path / "nowhere")) is False

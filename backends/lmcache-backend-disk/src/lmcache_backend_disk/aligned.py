@@ -43,6 +43,7 @@ __all__ = [
     "BufferPool",
     "aligned_empty",
     "huge_backed",
+    "huge_pages_available",
     "is_aligned",
     "probe_direct_io",
     "probe_direct_mem_align",
@@ -477,6 +478,17 @@ def small_page_request_bytes(dev: int, sys_root: str = "/sys") -> int | None:
     if driver != "virtio_blk" or max_segments <= 0 or max_segments * ALIGN >= max_request:
         return None
     return max_segments * ALIGN
+
+
+def huge_pages_available(sys_root: str = "/sys") -> bool:
+    """Whether transparent huge pages can back memory that asks for them (``always`` or
+    ``madvise`` in ``kernel/mm/transparent_hugepage/enabled``): without them the staging
+    buffers are small pages too, and staging would buy a copy and nothing else."""
+    try:
+        text = Path(sys_root, "kernel", "mm", "transparent_hugepage", "enabled").read_text()
+    except OSError:
+        return False
+    return "[always]" in text or "[madvise]" in text
 
 
 def small_pages_split(dev: int, transfer: int, sys_root: str = "/sys") -> bool:

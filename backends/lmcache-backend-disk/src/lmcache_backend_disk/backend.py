@@ -44,6 +44,7 @@ from . import layout
 from .aligned import (
     ALIGN,
     BufferPool,
+    huge_pages_available,
     probe_direct_io,
     probe_direct_mem_align,
     small_page_request_bytes,
@@ -305,6 +306,8 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         try:
             dev = os.stat(self.root).st_dev
         except OSError:
+            return 0
+        if not huge_pages_available():  # the staging buffers would be small pages too
             return 0
         return small_page_request_bytes(dev) or 0
 
