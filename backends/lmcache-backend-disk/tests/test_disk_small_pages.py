@@ -292,3 +292,35 @@ def test_huge_pages_available_reads_the_thp_setting(
     (d / "enabled").write_text(setting)
     assert huge_pages_available(str(tmp_path)) is want
     assert huge_pages_available(str(tmp_path / "nowhere")) is False
+
+
+def test_auto_stages_heap_like_memory_and_keeps_page_aligned_mappings_direct(
+    tmp_path: Path,
+) -> None:
+    """``auto``: a small-page tensor starting inside a page (as a ``malloc`` heap hands
+    them out) is staged; one starting on a page boundary (a mapping of its own, such as
+    the connector's buffers) goes direct."""
+    _need_pagemap_scan()
+
+    async def body() -> None:
+        b = _backend(tmp_path / "t", "direct")
+        await b.start()
+        try:
+            align = b.stats()["direct_io_mem_align"]
+            if align > 512:
+                pytest.skip(f"O_DIRECT needs {align}-byte aligned memory here: no such tensor")
+            b._io.stage_small_pages = MiB  # what auto sets on a device that splits
+            b._io.stage_page_aligned = False
+            val = random_tensor((N,), torch.uint8, seed=9)
+            assert await b.put(_key(9), val)
+            page_aligned = small_pages(N, seed=3)
+            inside = small_pages(N + 4096, seed=4)[512 : 512 + N]
+            for out, staged in ((page_aligned, 0), (inside, 1)):
+                before = b.stats()["small_page_stagings"]
+                assert await b.get_into(_key(9), out)
+                assert same_bits(out, val)
+                assert b.stats()["small_page_stagings"] - before == staged
+        finally:
+            await b.close()
+
+    run(body())

@@ -286,6 +286,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
             mem_align=self.direct_mem_align,
             reads_in_flight=self.opts.reads_in_flight,
             stage_small_pages=self._stage_small_pages() if self.direct_io else 0,
+            stage_page_aligned=self.opts.small_pages == "stage",
         )
         self._index = SharedIndex(tier, self.file_mode, on_damage=self._index_damaged)
         self._view = KeyView(self._index, self._ns_dir, self.opts.lookup_refresh_s)

@@ -214,6 +214,7 @@ class ObjectIO:
         mem_align: int = ALIGN,
         reads_in_flight: int = 0,
         stage_small_pages: int = 0,
+        stage_page_aligned: bool = True,
     ) -> None:
         self.tier = tier
         #: Memory alignment an ``O_DIRECT`` transfer needs here (see
@@ -225,6 +226,13 @@ class ObjectIO:
         #: into more requests, the staging buffer's huge pages and a copy cost less (the
         #: ``small_pages`` option; the device's bytes per request from small pages).
         self.stage_small_pages = stage_small_pages
+        #: Whether that includes tensors starting on a page boundary. Those are almost
+        #: always a mapping of their own (``mmap``, ``aligned_empty``, the connector's and
+        #: the hierarchy's buffers, pinned memory) whose pages were faulted in together and
+        #: lie in long physical runs: direct transfers from them were measured faster
+        #: (``make demo``'s disk loads). Memory starting inside a page is almost always a
+        #: ``malloc`` heap's, whose pages were handed out and reused piecemeal.
+        self.stage_page_aligned = stage_page_aligned
         #: Aligned caller tensors staged for that reason (counted, for stats and tests).
         self.small_page_stagings = 0
         self._count_lock = threading.Lock()
@@ -254,7 +262,11 @@ class ObjectIO:
         if addr % self.mem_align:
             return False
         limit = self.stage_small_pages
-        if not limit or arr.nbytes <= limit or huge_backed(addr, arr.nbytes) is not False:
+        if not limit or arr.nbytes <= limit:
+            return True
+        if addr % ALIGN == 0 and not self.stage_page_aligned:
+            return True
+        if huge_backed(addr, arr.nbytes) is not False:
             return True
         with self._count_lock:
             self.small_page_stagings += 1

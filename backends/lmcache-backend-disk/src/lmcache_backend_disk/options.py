@@ -44,7 +44,8 @@ class DiskOptions:
         "stage (through a huge-page buffer and a copy: the device gets fewer, larger "
         "requests), direct (the tensor's own pages), auto (on a virtio-blk disk whose segment "
         "limit splits such transfers, stage tensors larger than one request carries from small "
-        "pages, where that was measured faster; else direct). "
+        "pages that start inside a page, i.e. from a malloc heap, where that was measured "
+        "faster; else direct). "
         "Memory mapped by huge pages, or where the kernel cannot tell (before Linux 6.7), "
         "is always used directly.",
     )

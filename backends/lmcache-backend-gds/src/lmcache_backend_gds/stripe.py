@@ -67,6 +67,7 @@ class GdsStripe(DiskBackend):
                 mem_align=io.mem_align,
                 reads_in_flight=io.reads_in_flight,
                 stage_small_pages=io.stage_small_pages,
+                stage_page_aligned=io.stage_page_aligned,
                 kvikio=kvikio,
                 task_size=self.task_size,
             )
