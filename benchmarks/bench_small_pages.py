@@ -29,9 +29,7 @@ page cache (checked with ``mincore``).
 from __future__ import annotations
 
 import argparse
-import mmap
 import os
-import random
 import shutil
 import statistics
 import sys
@@ -43,7 +41,7 @@ from pathlib import Path
 
 import torch
 from lmcache_backend_disk import DiskBackend, aligned_empty
-from lmcache_backend_disk.aligned import huge_backed, small_pages_split
+from lmcache_backend_disk.aligned import huge_backed, scattered_small_pages, small_pages_split
 from lmcache_backend_disk.objects import READ_PIECE
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -53,18 +51,6 @@ from lmcache_core import CacheEngineKey, Namespace, SyncBackend
 
 MiB = 1 << 20
 QD = 4
-
-
-def small_page_tensor(nbytes: int, seed: int) -> torch.Tensor:
-    """A page-aligned uint8 tensor in 4 KiB pages faulted in a shuffled order."""
-    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):
-        m.madvise(mmap.MADV_NOHUGEPAGE)
-    pages = list(range(nbytes // 4096))
-    random.Random(seed).shuffle(pages)
-    for p in pages:
-        m[p * 4096] = 0
-    return torch.frombuffer(m, dtype=torch.uint8, count=nbytes)
 
 
 def _mv(t: torch.Tensor) -> memoryview:
@@ -77,8 +63,8 @@ class Run:
         g = torch.Generator().manual_seed(0)
         values = [torch.randint(0, 256, (self.nbytes,), dtype=torch.uint8, generator=g)
                   for _ in range(n)]  # fmt: skip
-        self.small_src = [small_page_tensor(self.nbytes, 100 + i) for i in range(n)]
-        self.small_dst = [small_page_tensor(self.nbytes, 200 + i) for i in range(n)]
+        self.small_src = [scattered_small_pages(self.nbytes, 100 + i) for i in range(n)]
+        self.small_dst = [scattered_small_pages(self.nbytes, 200 + i) for i in range(n)]
         self.huge_src = [aligned_empty((self.nbytes,), torch.uint8) for _ in range(n)]
         self.huge_dst = [aligned_empty((self.nbytes,), torch.uint8) for _ in range(n)]
         for s, h, v, d in zip(self.small_src, self.huge_src, values, self.huge_dst, strict=True):

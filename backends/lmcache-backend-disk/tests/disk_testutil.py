@@ -134,3 +134,17 @@ def bulk_fill(
         for rel, size in rows:
             tx.upsert_entry(rel, size, now)
         tx.prune_changes()
+
+
+def record_takes(b: Any) -> list[int]:
+    """Sizes of every staging buffer the disk backend ``b`` takes from now on (appended
+    as it takes them)."""
+    taken: list[int] = []
+    real_take = b._buffers.take
+
+    def take(nbytes: int) -> Any:
+        taken.append(nbytes)
+        return real_take(nbytes)
+
+    b._buffers.take = take
+    return taken

@@ -16,7 +16,14 @@ from typing import Any
 
 import pytest
 import torch
-from disk_testutil import finish_worker, object_files, run, start_worker, temp_files
+from disk_testutil import (
+    finish_worker,
+    object_files,
+    record_takes,
+    run,
+    start_worker,
+    temp_files,
+)
 from lmcache_backend_disk import DiskBackend, DiskOptions, aligned_empty
 from lmcache_backend_disk import backend as backend_mod
 from lmcache_backend_disk.layout import INDEX_FILE, META_DIR, NAMESPACE_FILE, OWNERS_DIR
@@ -399,14 +406,7 @@ def test_buffers_aligned_to_the_devices_dma_alignment_go_direct(tmp_path: Path) 
             fine = area[align : align + n]  # aligned to `align`, not to 4096
             assert fine.data_ptr() % align == 0 and fine.data_ptr() % 4096 != 0
             val = random_tensor((n,), torch.uint8, seed=5)
-            taken: list[int] = []
-            real_take = b._buffers.take
-
-            def take(nbytes: int) -> Any:
-                taken.append(nbytes)
-                return real_take(nbytes)
-
-            b._buffers.take = take  # type: ignore[method-assign]
+            taken = record_takes(b)
             fine.copy_(val)
             assert await b.put(_key(7), fine)
             fine.fill_(0)

@@ -4,20 +4,18 @@ aligned tensors in small pages through a huge-page staging buffer (bit-exact eit
 
 from __future__ import annotations
 
-import mmap
 import os
-import random
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from disk_testutil import run
+from disk_testutil import record_takes, run
 from lmcache_backend_disk import DiskBackend, aligned_empty
 from lmcache_backend_disk.aligned import (
     huge_backed,
     huge_pages_available,
+    scattered_small_pages,
     small_page_request_bytes,
     small_pages_split,
 )
@@ -31,16 +29,7 @@ N = 4 * MiB
 
 
 def small_pages(nbytes: int, seed: int = 0) -> torch.Tensor:
-    """A page-aligned uint8 tensor in ordinary 4 KiB pages, faulted in a shuffled order
-    (scattered physical pages, as a reused ``malloc`` heap hands them out)."""
-    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):
-        m.madvise(mmap.MADV_NOHUGEPAGE)
-    pages = list(range(nbytes // 4096))
-    random.Random(seed).shuffle(pages)
-    for p in pages:
-        m[p * 4096] = 1
-    return torch.frombuffer(m, dtype=torch.uint8, count=nbytes)
+    return scattered_small_pages(nbytes, seed)
 
 
 def smaps_huge_kib(addr: int) -> int | None:
@@ -164,18 +153,6 @@ def _key(i: int) -> CacheEngineKey:
     return CacheEngineKey("small-pages", 1, 0, i + 1, "uint8")
 
 
-def _count_takes(b: DiskBackend) -> list[int]:
-    taken: list[int] = []
-    real_take = b._buffers.take
-
-    def take(nbytes: int) -> Any:
-        taken.append(nbytes)
-        return real_take(nbytes)
-
-    b._buffers.take = take  # type: ignore[method-assign]
-    return taken
-
-
 def test_stage_sends_small_page_tensors_through_staging(tmp_path: Path) -> None:
     """``stage``: a put from and a read into an aligned tensor in 4 KiB pages both go
     through an object-sized staging buffer, counted, bit-exact; ``direct`` uses the
@@ -191,7 +168,7 @@ def test_stage_sends_small_page_tensors_through_staging(tmp_path: Path) -> None:
                 val = random_tensor((N,), torch.uint8, seed=3)
                 src = small_pages(N, seed=1)
                 src.copy_(val)
-                taken = _count_takes(b)
+                taken = record_takes(b)
                 assert await b.put(_key(0), src)
                 out = small_pages(N, seed=2)
                 assert await b.get_into(_key(0), out)
@@ -223,7 +200,7 @@ def test_stage_uses_huge_page_tensors_directly(tmp_path: Path) -> None:
         try:
             val = random_tensor((N,), torch.uint8, seed=4)
             assert await b.put(_key(1), val)  # torch memory: staged by alignment anyway
-            taken = _count_takes(b)
+            taken = record_takes(b)
             assert await b.get_into(_key(1), out)
             assert same_bits(out, val)
             assert b.stats()["small_page_stagings"] == 0

@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import random
 import threading
 import time
 from pathlib import Path
@@ -48,6 +49,7 @@ __all__ = [
     "probe_direct_io",
     "probe_direct_mem_align",
     "round_up",
+    "scattered_small_pages",
     "small_page_request_bytes",
     "small_pages_split",
 ]
@@ -60,6 +62,21 @@ _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 def round_up(n: int, align: int = ALIGN) -> int:
     return -(-n // align) * align
+
+
+def scattered_small_pages(nbytes: int, seed: int = 0) -> torch.Tensor:
+    """A page-aligned uint8 tensor of ``nbytes`` in ordinary 4 KiB pages faulted in a
+    shuffled order, so its physical pages are scattered as a long-lived ``malloc`` heap's
+    are (for benchmarks and tests of transfers from such memory). The tensor keeps its
+    private anonymous mapping alive."""
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        m.madvise(mmap.MADV_NOHUGEPAGE)
+    pages = list(range(-(-nbytes // ALIGN)))
+    random.Random(seed).shuffle(pages)
+    for p in pages:
+        m[p * ALIGN] = 0
+    return torch.frombuffer(m, dtype=torch.uint8, count=nbytes)
 
 
 def is_aligned(t: torch.Tensor) -> bool:
