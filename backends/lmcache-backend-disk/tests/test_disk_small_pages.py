@@ -165,6 +165,7 @@ def test_stage_sends_small_page_tensors_through_staging(tmp_path: Path) -> None:
             await b.start()
             try:
                 assert b.stats()["stage_small_pages"] is staged
+                assert b.stats()["stage_small_pages_over_bytes"] == (4096 if staged else 0)
                 val = random_tensor((N,), torch.uint8, seed=3)
                 src = small_pages(N, seed=1)
                 src.copy_(val)

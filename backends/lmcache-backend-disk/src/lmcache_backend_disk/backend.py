@@ -303,7 +303,7 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         request carries from such pages, see :func:`.aligned.small_page_request_bytes`)."""
         mode = self.opts.small_pages
         if mode != "auto":
-            return 1 if mode == "stage" else 0
+            return ALIGN if mode == "stage" else 0  # stage: all over one page
         try:
             dev = os.stat(self.root).st_dev
         except OSError:
