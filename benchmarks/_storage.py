@@ -232,13 +232,11 @@ def disk_counters(path: str) -> list[int] | None:
     """The ``/proc/diskstats`` counters of the disk holding ``path`` (of the whole disk for
     a partition): ``[0]`` reads completed, ``[4]`` writes completed, ``[15]`` cache
     flushes completed where the kernel reports them; ``None`` where unknown."""
-    dev = os.stat(path).st_dev
-    major, minor = os.major(dev), os.minor(dev)
+    from lmcache_backend_disk.aligned import disk_sysfs_node
+
     try:
-        sysfs = os.path.realpath(f"/sys/dev/block/{major}:{minor}")
-        if os.path.exists(os.path.join(sysfs, "partition")):
-            with open(os.path.join(os.path.dirname(sysfs), "dev")) as f:
-                major, minor = (int(x) for x in f.read().split(":"))
+        node = disk_sysfs_node(os.stat(path).st_dev)
+        major, minor = (int(x) for x in (node / "dev").read_text().split(":"))
         with open("/proc/diskstats") as f:
             for line in f:
                 parts = line.split()

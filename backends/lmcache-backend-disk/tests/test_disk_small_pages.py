@@ -1,5 +1,5 @@
 """Caller memory in 4 KiB pages: ``huge_backed`` tells it from huge pages,
-``small_pages_split`` reads a device's queue limits, and the ``small_pages`` option sends
+``small_page_request_bytes`` reads a device's queue limits, and the ``small_pages`` option sends
 aligned tensors in small pages through a huge-page staging buffer (bit-exact either way)."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import torch
 from disk_testutil import record_takes, run
 from lmcache_backend_disk import DiskBackend, aligned_empty
 from lmcache_backend_disk.aligned import (
+    auto_stage_over_bytes,
     huge_backed,
     huge_pages_available,
     scattered_small_pages,
     small_page_request_bytes,
-    small_pages_split,
 )
 
 from lmcache_core import CacheEngineKey
@@ -123,24 +123,40 @@ def _fake_sysfs(root: Path, driver: str, max_segments: int, max_sectors_kb: int)
         ("nvme", 127, 1280, N, False),  # not measured there: direct
     ],
 )
-def test_small_pages_split_reads_the_device_queue(
+def test_small_page_requests_read_the_device_queue(
     tmp_path: Path, driver: str, segments: int, sectors_kb: int, transfer: int, want: bool
 ) -> None:
+    """``want``: a transfer of ``transfer`` bytes from scattered small pages is split into
+    more requests than from huge pages on that device."""
     _fake_sysfs(tmp_path, driver, segments, sectors_kb)
     for minor in (0, 1):  # the disk, and a partition of it (limits of its disk)
-        assert small_pages_split(os.makedev(254, minor), transfer, str(tmp_path)) is want
-    limit = small_page_request_bytes(os.makedev(254, 0), str(tmp_path))
-    assert limit == (segments * 4096 if segments * 4096 < sectors_kb * 1024 and
-                     driver == "virtio_blk" else None)  # fmt: skip
+        limit = small_page_request_bytes(os.makedev(254, minor), str(tmp_path))
+        assert (limit is not None and limit < transfer) is want
+        assert limit == (segments * 4096 if segments * 4096 < sectors_kb * 1024 and
+                         driver == "virtio_blk" else None)  # fmt: skip
 
 
-def test_small_pages_split_is_false_where_anything_is_unknown(tmp_path: Path) -> None:
-    assert small_pages_split(os.makedev(254, 0), N, str(tmp_path)) is False  # no sysfs
+def test_small_page_requests_are_unknown_where_anything_is_unknown(tmp_path: Path) -> None:
+    assert small_page_request_bytes(os.makedev(254, 0), str(tmp_path)) is None  # no sysfs
     _fake_sysfs(tmp_path, "virtio_blk", 254, 4096)
-    assert small_pages_split(os.makedev(254, 7), N, str(tmp_path)) is False  # no device
+    assert small_page_request_bytes(os.makedev(254, 7), str(tmp_path)) is None  # no device
     q = tmp_path / "devices" / "pci0000:00" / "virtio1" / "block" / "vda" / "queue"
     (q / "max_segments").write_text("many\n")
-    assert small_pages_split(os.makedev(254, 0), N, str(tmp_path)) is False
+    assert small_page_request_bytes(os.makedev(254, 0), str(tmp_path)) is None
+
+
+@pytest.mark.parametrize(
+    ("thp", "want"), [("always [madvise] never\n", 254 * 4096), ("always madvise [never]\n", 0)]
+)
+def test_auto_stages_only_where_requests_split_and_huge_pages_exist(
+    tmp_path: Path, thp: str, want: int
+) -> None:
+    _fake_sysfs(tmp_path, "virtio_blk", 254, 4096)
+    d = tmp_path / "kernel" / "mm" / "transparent_hugepage"
+    d.mkdir(parents=True)
+    (d / "enabled").write_text(thp)
+    assert auto_stage_over_bytes(os.makedev(254, 1), str(tmp_path)) == want
+    assert auto_stage_over_bytes(os.makedev(254, 7), str(tmp_path)) == 0  # no such device
 
 
 def _backend(root: Path, mode: str) -> DiskBackend:

@@ -20,13 +20,15 @@ A caller's tensor that happens to be aligned (``torch.empty`` returns 512-byte a
 memory for some allocations) but lies in scattered 4 KiB pages is therefore better staged
 through a huge-page buffer and copied, on a device where the split costs:
 :func:`huge_backed` tells whether memory is mapped by huge pages (``PAGEMAP_SCAN``,
-Linux 6.7+) and :func:`small_pages_split` whether a device splits transfers of 4 KiB
-pages into more requests than those of huge pages.
+Linux 6.7+), :func:`small_page_request_bytes` how much one request of a device carries
+from scattered 4 KiB pages where that is less than its largest request, and
+:func:`auto_stage_over_bytes` what the disk tier's ``small_pages: auto`` makes of both.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import random
@@ -43,6 +45,8 @@ __all__ = [
     "AlignedBuffer",
     "BufferPool",
     "aligned_empty",
+    "auto_stage_over_bytes",
+    "disk_sysfs_node",
     "huge_backed",
     "huge_pages_available",
     "is_aligned",
@@ -51,7 +55,6 @@ __all__ = [
     "round_up",
     "scattered_small_pages",
     "small_page_request_bytes",
-    "small_pages_split",
 ]
 
 ALIGN = 4096
@@ -402,8 +405,8 @@ _PAGE_IS_HUGE = 1 << 6
 
 class _Pagemap:
     """``/proc/self/pagemap`` of this process, opened on first use and again after a
-    fork (the descriptor names the process that opened it); ``None`` once the kernel
-    turned ``PAGEMAP_SCAN`` down."""
+    fork (the descriptor names the process that opened it); ``supported`` turns false
+    once the kernel refuses ``PAGEMAP_SCAN``."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -449,7 +452,7 @@ class _Pagemap:
         assert self._ioctl is not None
         got = self._ioctl(fd, _PAGEMAP_SCAN, ctypes.byref(arg))
         if got < 0:
-            if ctypes.get_errno() in (25, 22):  # ENOTTY, EINVAL: no PAGEMAP_SCAN here
+            if ctypes.get_errno() in (errno.ENOTTY, errno.EINVAL):  # no PAGEMAP_SCAN here
                 self.supported = False
             return None
         # adjacent pages of the same categories come back as one region
@@ -473,6 +476,13 @@ def huge_backed(addr: int, nbytes: int) -> bool | None:
     return _PAGEMAP.huge(addr, nbytes)
 
 
+def disk_sysfs_node(dev: int, sys_root: str = "/sys") -> Path:
+    """The sysfs directory of the whole disk holding the block device ``dev`` (an
+    ``st_dev``; a partition's parent disk). Raises ``OSError`` where there is none."""
+    node = Path(sys_root, "dev", "block", f"{os.major(dev)}:{os.minor(dev)}").resolve(strict=True)
+    return node.parent if (node / "partition").exists() else node
+
+
 def small_page_request_bytes(dev: int, sys_root: str = "/sys") -> int | None:
     """The most bytes one device request carries from scattered 4 KiB pages on the block
     device ``dev`` (an ``st_dev``), where that is less than its largest request and each
@@ -481,11 +491,7 @@ def small_page_request_bytes(dev: int, sys_root: str = "/sys") -> int | None:
     (1016 KiB against 4 MiB here). ``None`` where segments do not bind or anything is
     unknown (another driver, a stacked device, no sysfs)."""
     try:
-        node = Path(sys_root, "dev", "block", f"{os.major(dev)}:{os.minor(dev)}").resolve(
-            strict=True
-        )
-        if (node / "partition").exists():
-            node = node.parent
+        node = disk_sysfs_node(dev, sys_root)
         queue = node / "queue"
         driver = (node / "device" / "driver").resolve(strict=True).name
         max_segments = int((queue / "max_segments").read_text())
@@ -508,9 +514,11 @@ def huge_pages_available(sys_root: str = "/sys") -> bool:
     return "[always]" in text or "[madvise]" in text
 
 
-def small_pages_split(dev: int, transfer: int, sys_root: str = "/sys") -> bool:
-    """Whether ``O_DIRECT`` transfers of ``transfer`` bytes on the block device ``dev``
-    are split into more device requests from scattered 4 KiB pages than from huge pages
-    (:func:`small_page_request_bytes`)."""
-    limit = small_page_request_bytes(dev, sys_root)
-    return limit is not None and limit < transfer
+def auto_stage_over_bytes(dev: int, sys_root: str = "/sys") -> int:
+    """What ``small_pages: auto`` decides for a tier on the block device ``dev``: stage
+    small-page tensors larger than this many bytes (0: none), i.e. what one request
+    carries from such pages where that splits transfers (:func:`small_page_request_bytes`)
+    and huge pages can back the staging buffers (:func:`huge_pages_available`)."""
+    if not huge_pages_available(sys_root):
+        return 0
+    return small_page_request_bytes(dev, sys_root) or 0

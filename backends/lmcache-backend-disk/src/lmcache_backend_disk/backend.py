@@ -44,10 +44,9 @@ from . import layout
 from .aligned import (
     ALIGN,
     BufferPool,
-    huge_pages_available,
+    auto_stage_over_bytes,
     probe_direct_io,
     probe_direct_mem_align,
-    small_page_request_bytes,
 )
 from .flusher import Flusher
 from .index import IndexUnavailable
@@ -300,17 +299,14 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
     def _stage_small_pages(self) -> int:
         """The ``small_pages`` option for this tier's device: stage aligned tensors in small
         pages larger than this many bytes (0: never; ``auto``: larger than one device
-        request carries from such pages, see :func:`.aligned.small_page_request_bytes`)."""
+        request carries from such pages, see :func:`.aligned.auto_stage_over_bytes`)."""
         mode = self.opts.small_pages
         if mode != "auto":
             return ALIGN if mode == "stage" else 0  # stage: all over one page
         try:
-            dev = os.stat(self.root).st_dev
+            return auto_stage_over_bytes(os.stat(self.root).st_dev)
         except OSError:
             return 0
-        if not huge_pages_available():  # the staging buffers would be small pages too
-            return 0
-        return small_page_request_bytes(dev) or 0
 
     def _make_meta_dirs(self) -> list[str]:
         """Create ``.lmcache-disk/owners`` (links or files in their place are removed),

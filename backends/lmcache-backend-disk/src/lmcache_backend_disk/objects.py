@@ -279,9 +279,10 @@ class ObjectIO:
         the new file ``tmp_rel``, left open and not yet flushed: returns its size, the
         (relative) directories whose new entries (created on the way) still need an fsync
         and its descriptor, which the caller must flush and close (:meth:`finish_temp`, or
-        the disk tier's wave after its renames). The file is removed on any error. A batch writes all its objects first and then flushes them, so one
-        journal commit covers the whole batch instead of one commit (and device cache
-        flush) per object racing the other objects' writes."""
+        the disk tier's wave after its renames). The file is removed on any error. A
+        batch writes all its objects first and then flushes them, so one journal commit
+        covers the whole batch instead of one commit (and device cache flush) per object
+        racing the other objects' writes."""
         fd, size, new_dirs = self._fill_new_file(
             tmp_rel, lambda fd: self._write(fd, template, value)
         )
@@ -303,8 +304,8 @@ class ObjectIO:
         """Create the new file ``tmp_rel`` (sandboxed, like every create), let ``fill``
         write it through its descriptor and return the size written, flush it when
         durable; the file is removed on any error. Returns the size and the directories
-        still needing an fsync (see :meth:`write_temp_unsynced`). The seam other I/O paths (the
-        gds backend's device writes) use."""
+        still needing an fsync (see :meth:`write_temp_unsynced`). The seam other I/O
+        paths (the gds backend's device writes) use."""
         fd, size, new_dirs = self._fill_new_file(tmp_rel, fill)
         self.finish_temp(tmp_rel, fd)
         return size, new_dirs
