@@ -3,35 +3,67 @@
 #
 #   tools/gpu_check.sh            # from the repository root, on the GPU machine
 #
-# Uses that machine's own CUDA build of torch (a venv with --system-site-packages, the
-# project installed --no-deps, no vLLM) and should take well under 5 minutes. Each
-# check area is one section below; add yours as a new section.
+# Uses that machine's own python3 and CUDA build of torch as they are: nothing is
+# installed into them and nothing is downloaded (the machine may be offline). The project
+# runs from this checkout (its sources on PYTHONPATH, the optional C helper built in
+# place); kvikio wheels carried in ($KVIKIO_WHEELS) go into a scratch folder on
+# PYTHONPATH. No virtual environment: on a machine whose python3 already lives in one
+# (torch installed there), `venv --system-site-packages` would see the base
+# interpreter's packages, not torch. No vLLM either: the copy tests build synthetic caches.
+# Should take well under 5 minutes. Each check area is one section below; add yours as a
+# new section. docs/development.md#the-gpu-checks says how to run it through the session
+# tools and how to rehearse it on a CPU machine (GPU_CHECK_REHEARSAL=1: CUDA tests skip).
+#
+# Output goes to the terminal and to $GPU_CHECK_LOG (default $OUT/gpu_check.log when OUT
+# is set, else /tmp/gpu_check.log).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-VENV=${GPU_VENV:-.venv-gpu}
+SITE=${GPU_SITE:-/tmp/lmcache-gpu-site}
+WHEELS=${KVIKIO_WHEELS:-tools/wheels}
+REHEARSAL=${GPU_CHECK_REHEARSAL:-0}
+LOG=${GPU_CHECK_LOG:-${OUT:-/tmp}/gpu_check.log}
 START=$(date +%s)
+export PYTHONUNBUFFERED=1
+mkdir -p "$(dirname "$LOG")"
+exec > >(tee "$LOG") 2>&1
 
-"$PY" - <<'PYEOF'
-import torch, sys
+REHEARSAL="$REHEARSAL" "$PY" - <<'PYEOF'
+import os, sys
+import torch
 if not torch.cuda.is_available():
+    if os.environ["REHEARSAL"] == "1":
+        print(f"REHEARSAL: torch {torch.__version__} sees no CUDA device; the CUDA tests will skip")
+        sys.exit(0)
     sys.exit("tools/gpu_check.sh: torch sees no CUDA device here")
 print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}")
 PYEOF
+"$PY" -c 'import sys; print("python", sys.version.split()[0], "at", sys.executable)'
 
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PY" -m venv --system-site-packages "$VENV"
+# The project from this checkout. The C helper is optional (pure-Python paths otherwise);
+# built in place unless this python can import it already.
+rm -rf "$SITE" && mkdir -p "$SITE"
+export PYTHONPATH="$PWD:$PWD/backends/lmcache-backend-disk/src:$PWD/backends/lmcache-backend-gds/src:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+if "$PY" -c "import lmcache_core._speedups" 2>/dev/null; then
+  echo "(C helper already built for this python)"
+elif "$PY" setup.py -q build_ext --inplace >/dev/null 2>&1; then
+  echo "(C helper built in place)"
+else
+  echo "(C helper not built here: pure-Python paths)"
 fi
-# --no-deps / --no-build-isolation: nothing is downloaded (the machine may be offline).
-if ! "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e . 2>/dev/null; then
-  echo "(pip install -e . failed; using PYTHONPATH instead)"
-  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-fi
+"$PY" - <<'PYEOF'
+import lmcache_core, lmcache_backend_disk, lmcache_backend_gds
+print("lmcache_core from", lmcache_core.__file__)
+PYEOF
+HAVE_PYTEST=0
+if "$PY" -c "import pytest" 2>/dev/null; then HAVE_PYTEST=1; fi
 run_tests() {  # pytest when available, else the files' own runners
-  if "$VENV/bin/python" -c "import pytest" 2>/dev/null; then
-    "$VENV/bin/python" -m pytest -q -p no:cacheprovider -o addopts="" "$@"
+  if [ "$HAVE_PYTEST" = 1 ]; then
+    "$PY" -m pytest -q -p no:cacheprovider -o addopts="" -rs "$@"
   else
-    for f in "$@"; do "$VENV/bin/python" "${f/test_vllm_copies/copy_checks}"; done
+    for f in "$@"; do
+      case "$f" in *test_vllm_copies.py) "$PY" tests/vllm/copy_checks.py ;; esac
+    done
   fi
 }
 
@@ -39,29 +71,25 @@ echo "== vLLM connector: block copies (one strided view, pinned staging, side st
 run_tests tests/vllm/test_vllm_copies.py
 
 echo "== gds backend: device tensors <-> NVMe files through kvikio (cuFile), and its fallback"
-# kvikio wheels are carried in (no network): put kvikio_cu12-*.whl, libkvikio_cu12-*.whl
-# and their nvidia-* / cuda-* dependency wheels in $KVIKIO_WHEELS (default tools/wheels).
-# Without them the kvikio tests skip with the reason and the host-staged path still runs.
-WHEELS=${KVIKIO_WHEELS:-tools/wheels}
-"$VENV/bin/pip" install -q --no-deps --no-build-isolation -e backends/lmcache-backend-disk \
-  -e backends/lmcache-backend-gds 2>/dev/null || \
-  export PYTHONPATH="$PWD/backends/lmcache-backend-disk/src:$PWD/backends/lmcache-backend-gds/src${PYTHONPATH:+:$PYTHONPATH}"
-if ! "$VENV/bin/python" -c "import kvikio" 2>/dev/null && ls "$WHEELS"/*kvikio*.whl >/dev/null 2>&1; then
-  "$VENV/bin/pip" install -q --no-index --find-links "$WHEELS" kvikio-cu12 || \
-    "$VENV/bin/pip" install -q --no-index --find-links "$WHEELS" kvikio-cu13 || \
+# kvikio wheels are carried in (no network): kvikio_cu13-*.whl, libkvikio_cu13-*.whl and
+# rapids_logger-*.whl for a CUDA 13 torch (cu12 ones for CUDA 12); their other needs
+# (cupy, cuda-pathfinder, nvidia-cufile) must be on the machine already. Without them the
+# kvikio tests skip with the reason and the host-staged path still runs.
+if ! "$PY" -c "import kvikio" 2>/dev/null && ls "$WHEELS"/*kvikio*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$WHEELS"/*.whl || \
     echo "(kvikio wheels in $WHEELS did not install: the kvikio tests will skip)"
 fi
-"$VENV/bin/python" - <<'PYEOF'
+"$PY" - <<'PYEOF'
 from lmcache_backend_gds.runtime import probe
 print("gds I/O path here:", probe(None).text())
 PYEOF
-if "$VENV/bin/python" -c "import pytest" 2>/dev/null; then
-  run_tests backends/lmcache-backend-gds/tests/test_gds_cuda.py -rs
+if [ "$HAVE_PYTEST" = 1 ]; then
+  run_tests backends/lmcache-backend-gds/tests/test_gds_cuda.py
   # the cpu backend's pinned-memory contract tests (pinned host buffers need CUDA)
-  run_tests tests/test_contract_builtin.py tests/test_cpu_backend.py -k "Pinned or pinned" -rs
+  run_tests tests/test_contract_builtin.py tests/test_cpu_backend.py -k "Pinned or pinned"
 else
   echo "(no pytest here: the gds CUDA tests and the pinned cpu contract tests did NOT run)"
 fi
-"$VENV/bin/python" benchmarks/gds_gpu_throughput.py --total-mib 1024
+"$PY" benchmarks/gds_gpu_throughput.py --total-mib 1024
 
 echo "gpu_check: all sections passed in $(( $(date +%s) - START )) s"
