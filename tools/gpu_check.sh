@@ -4,12 +4,11 @@
 #   tools/gpu_check.sh            # from the repository root, on the GPU machine
 #
 # Uses that machine's own python3 and CUDA build of torch as they are: nothing is
-# installed into them and nothing is downloaded (the machine may be offline). The project
-# runs from this checkout (its sources on PYTHONPATH, the optional C helper built in
-# place); kvikio wheels carried in ($KVIKIO_WHEELS) go into a scratch folder on
-# PYTHONPATH. No virtual environment: on a machine whose python3 already lives in one
-# (torch installed there), `venv --system-site-packages` would see the base
-# interpreter's packages, not torch. No vLLM either: the copy tests build synthetic caches.
+# installed into their environment and nothing is downloaded (the machine may be
+# offline). The project is installed --no-deps, and kvikio from wheels carried in
+# ($KVIKIO_WHEELS), into a scratch folder put on PYTHONPATH. No virtual environment: on a
+# machine whose python3 already lives in one (torch installed there), `venv
+# --system-site-packages` would see the base interpreter's packages, not torch. No vLLM either: the copy tests build synthetic caches.
 # Should take well under 5 minutes. Each check area is one section below; add yours as a
 # new section. docs/development.md#the-gpu-checks says how to run it through the session
 # tools and how to rehearse it on a CPU machine (GPU_CHECK_REHEARSAL=1: CUDA tests skip).
@@ -40,26 +39,33 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_de
 PYEOF
 "$PY" -c 'import sys; print("python", sys.version.split()[0], "at", sys.executable)'
 
-# The project from this checkout. The C helper is optional (pure-Python paths otherwise);
-# built in place unless this python can import it already.
+# The project installed --no-deps (no build isolation, nothing downloaded) into a scratch
+# folder on PYTHONPATH; where that build cannot run here (setuptools older than 77, say),
+# the checkout's sources instead, with the optional C helper built in place.
 rm -rf "$SITE" && mkdir -p "$SITE"
-export PYTHONPATH="$PWD:$PWD/backends/lmcache-backend-disk/src:$PWD/backends/lmcache-backend-gds/src:$SITE${PYTHONPATH:+:$PYTHONPATH}"
-if "$PY" -c "import lmcache_core._speedups" 2>/dev/null; then
-  echo "(C helper already built for this python)"
-elif "$PY" setup.py -q build_ext --inplace >/dev/null 2>&1; then
-  echo "(C helper built in place)"
+if "$PY" -m pip install -q --no-deps --no-build-isolation --no-index --no-compile --target "$SITE" \
+    . ./backends/lmcache-backend-disk ./backends/lmcache-backend-gds; then
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 else
-  echo "(C helper not built here: pure-Python paths)"
+  echo "(pip could not install the project here: running it from the checkout's sources)"
+  export PYTHONPATH="$PWD:$PWD/backends/lmcache-backend-disk/src:$PWD/backends/lmcache-backend-gds/src:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+  "$PY" setup.py -q build_ext --inplace >/dev/null 2>&1 || echo "(C helper not built: pure-Python paths)"
 fi
-"$PY" - <<'PYEOF'
+# -P: the current directory is not put on sys.path, so what is imported is what was installed
+"$PY" -P - <<'PYEOF'
 import lmcache_core, lmcache_backend_disk, lmcache_backend_gds
-print("lmcache_core from", lmcache_core.__file__)
+try:
+    import lmcache_core._speedups  # noqa: F401
+    helper = "with its C helper"
+except ImportError:
+    helper = "without its C helper (pure-Python paths)"
+print("lmcache_core from", lmcache_core.__file__, helper)
 PYEOF
 HAVE_PYTEST=0
 if "$PY" -c "import pytest" 2>/dev/null; then HAVE_PYTEST=1; fi
 run_tests() {  # pytest when available, else the files' own runners
   if [ "$HAVE_PYTEST" = 1 ]; then
-    "$PY" -m pytest -q -p no:cacheprovider -o addopts="" -rs "$@"
+    "$PY" -P -m pytest -q -p no:cacheprovider -o addopts="" -rs "$@"
   else
     for f in "$@"; do
       case "$f" in *test_vllm_copies.py) "$PY" tests/vllm/copy_checks.py ;; esac
@@ -79,7 +85,7 @@ if ! "$PY" -c "import kvikio" 2>/dev/null && ls "$WHEELS"/*kvikio*.whl >/dev/nul
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$WHEELS"/*.whl || \
     echo "(kvikio wheels in $WHEELS did not install: the kvikio tests will skip)"
 fi
-"$PY" - <<'PYEOF'
+"$PY" -P - <<'PYEOF'
 from lmcache_backend_gds.runtime import probe
 print("gds I/O path here:", probe(None).text())
 PYEOF
