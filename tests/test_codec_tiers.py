@@ -302,3 +302,17 @@ def test_a_coded_top_tier_serves_no_thread_loads_or_borrows(tmp_path: Path) -> N
     lent, copied, hit, out = _run(go())
     assert lent is None and copied is None
     assert hit and (out - x).abs().max().item() < 0.1  # the async path decodes
+
+
+def test_envelope_codec_of_a_device_tensor_does_not_raise() -> None:
+    """The disk and gds tiers ask every uint8 value for its codec before a put; a device
+    tensor (a CUDA value put into gds) must get an answer, not a CPU-only error. The meta
+    device stands in for CUDA here (no data: raw); CPU envelopes are still recognised."""
+    from lmcache_core.codecs import envelope_codec, wrap_envelope
+    from lmcache_core.plugins.codec_registry import get_codec_registry
+
+    assert envelope_codec(torch.empty(1 << 20, dtype=torch.uint8, device="meta")) == "raw"
+    assert envelope_codec(torch.zeros(64, dtype=torch.uint8)) == "raw"
+    env = wrap_envelope(get_codec_registry().create("int4"), kv_like((2, 2, 2, 32, 64)))
+    assert envelope_codec(env) != "raw"
+    assert envelope_codec(env) == envelope_codec(env.clone())
