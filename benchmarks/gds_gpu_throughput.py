@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import torch
 from _storage import files_under, make_cold
@@ -87,9 +88,9 @@ def main() -> int:
             os.close(fd)
         outs[i].copy_(host[i])
 
-    def timed_raw(fn: object, name: str) -> None:
+    def timed_raw(fn: Callable[[int], None], name: str) -> None:
         t0 = time.perf_counter()
-        list(pool.map(fn, range(n)))  # type: ignore[call-overload]
+        list(pool.map(fn, range(n)))
         sync()
         samples[name].append(time.perf_counter() - t0)
 
