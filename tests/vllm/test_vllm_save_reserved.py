@@ -176,3 +176,50 @@ def test_without_reservations_saves_copy_as_before(setup: Any) -> None:
     assert storage.hierarchy.tiers[0].backend.stats()["reservations_committed"] == 0
     for it in _items(4, 4):
         assert _disk_holds(storage, it.key, _expected(copier, it.block_ids))
+
+
+class _Event:
+    """A device copy's event (an extra fake layer: CUDA events exist only on a GPU);
+    ``done`` is set by the test, as the device would."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _AsyncCopier:
+    """The real copier's gathers, each returning an event as on CUDA."""
+
+    def __init__(self, real: BlockCopier) -> None:
+        self.real = real
+        self.device = real.device
+        self.events: list[_Event] = []
+
+    def gather_to_host(self, block_ids: list[int], buf: torch.Tensor, other: Any) -> Any:
+        self.real.gather(block_ids, buf)
+        self.events.append(_Event())
+        return self.events[-1]
+
+
+def test_events_of_complete_gathers_are_forgotten_each_step(setup: Any) -> None:
+    """A request whose end needs no wait for its saves is never asked about again: its
+    events must not stay (they did, one list per request, on CUDA)."""
+    storage, copier, q, _ = setup
+    fake = _AsyncCopier(copier)
+    q.copier = fake  # type: ignore[assignment]
+    _save(storage, q, _items(0, 3))
+    assert q.stored == 3
+    q.prune_events()
+    assert len(q._events) == 3  # no gather complete yet: all kept
+    fake.events[0].done = fake.events[2].done = True
+    q.prune_events()
+    assert set(q._events) == {"r1"}
+    assert not q.gathered_for("r1")
+    fake.events[1].done = True
+    q.prune_events()
+    assert not q._events and q.gathered_for("r1")

@@ -48,10 +48,12 @@ class GroupedCopier:
         self.block_shape = first.block_shape
         self.dtype = first.dtype
         self.device = first.device
-        if self.device.type == "cuda":  # one side stream: the last event covers every group
-            stream = first._side_stream()
+        if (
+            self.device.type == "cuda"
+        ):  # one side stream each way: the last event covers every group
+            stream, scatters = first._side_stream(), first._scatter_side_stream()
             for c in copiers[1:]:
-                c._stream = stream
+                c._stream, c._scatter_stream = stream, scatters
         self.rows: list[tuple[int, int]] = []
         row = 0
         for c in copiers:
@@ -150,6 +152,11 @@ class GroupedCopier:
         for copier, rows, ids in self._present(src, block_ids, others):
             event = copier.scatter_from_host(rows, ids)
         return event
+
+    def begin_step(self) -> None:
+        """:meth:`.layout.BlockCopier.begin_step` of every group (no-op on CPU)."""
+        for c in self.copiers:
+            c.begin_step()
 
     def order_before_compute(self, events: Sequence[Any]) -> None:
         """Make the compute stream wait for side-stream copies (no-op on CPU)."""

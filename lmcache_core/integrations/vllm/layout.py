@@ -14,6 +14,7 @@ A stored chunk is one contiguous tensor ``[num_layers, blocks_per_chunk, *block_
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -289,7 +290,14 @@ class BlockCopier:
         self._memmove_scatters = (
             self._on_cpu and self.combined is not None and self.combined[0].is_contiguous()
         )
+        # CUDA: gathers (saves) and scatters (loads) each on a side stream of their own, so
+        # a wait for one never waits for the other; the last gather's event, which the
+        # compute stream waits for at the next step; the compute stream's mark of this step,
+        # which scatters wait for (:meth:`begin_step`).
         self._stream: Any = None
+        self._scatter_stream: Any = None
+        self._last_gather: Any = None
+        self._compute_mark: Any = None
         n = self.num_layers * first_numel(self.block_shape)
         self._block_nbytes = n * torch.empty((), dtype=self.dtype).element_size()
 
@@ -314,7 +322,13 @@ class BlockCopier:
 
     def _index(self, block_ids: Sequence[int]) -> torch.Tensor:
         self._check_range(block_ids)
-        return torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
+        if self._on_cpu:
+            return torch.tensor(list(block_ids), dtype=torch.long)
+        # From pinned memory, asynchronously: ``torch.tensor(..., device=cuda)`` copies from
+        # pageable memory, which waits for the current stream (on a side stream that waits
+        # for the compute stream: for the whole forward pass) with the engine thread held.
+        host = torch.tensor(list(block_ids), dtype=torch.long, pin_memory=True)
+        return host.to(self.device, non_blocking=True)
 
     # ------------------------------------------------------------------ synchronous
     def gather(
@@ -355,14 +369,15 @@ class BlockCopier:
         n = self._check_src(src, block_ids)
         if n == 0:
             return
-        idx = self._index(block_ids)
         if not self._on_cpu:
-            src = src.to(self.device, non_blocking=True)
-        self._scatter(src, block_ids, idx)
+            # complete when this returns (the caller may reuse ``src`` at once)
+            src = src.to(self.device)
+        self._scatter(src, block_ids)
 
-    def _scatter(self, src: torch.Tensor, block_ids: Sequence[int], idx: torch.Tensor) -> None:
+    def _scatter(self, src: torch.Tensor, block_ids: Sequence[int]) -> None:
         combined = self.combined
         if combined is None:
+            idx = self._index(block_ids)
             for layer, view in enumerate(self.views):
                 view.index_copy_(0, idx, src[layer])
             return
@@ -418,6 +433,27 @@ class BlockCopier:
             self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
         return self._stream
 
+    def _scatter_side_stream(self) -> Any:
+        if self._scatter_stream is None:
+            self._scatter_stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
+        return self._scatter_stream
+
+    def begin_step(self) -> None:
+        """On the engine thread, once per step before its forward pass is queued (no-op on
+        CPU): the compute stream waits for the gathers queued so far (their blocks may be
+        freed and rewritten from this step on: a finished request's, a sliding window's),
+        and this step's mark is recorded on it, after which this step's scatters run (they
+        may come from helper threads, whose current stream is not vLLM's compute stream).
+        Both waits are on the device; the engine thread does not block."""
+        if self._on_cpu:
+            return
+        current = torch.cuda.current_stream(self.device)
+        if self._last_gather is not None:
+            current.wait_event(self._last_gather)
+        mark = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        mark.record(current)
+        self._compute_mark = mark
+
     def gather_to_host(
         self, block_ids: Sequence[int], out: torch.Tensor, others: Sequence[Sequence[int]] = ()
     ) -> Any:
@@ -438,8 +474,9 @@ class BlockCopier:
             else:
                 tmp = torch.stack([v.index_select(0, idx) for v in self.views])
             out[:, :n].copy_(tmp, non_blocking=True)
-            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event = _event()
             event.record(stream)
+        self._last_gather = event
         return event
 
     def scatter_from_host(
@@ -453,12 +490,15 @@ class BlockCopier:
             self.scatter(src, block_ids)
             return None
         n = self._check_src(src, block_ids)
-        stream = self._side_stream()
+        bind_thread(self.device)
+        stream = self._scatter_side_stream()
+        mark = self._compute_mark
+        if mark is not None:
+            stream.wait_event(mark)
         with torch.cuda.stream(stream):
             if n:
-                idx = self._index(block_ids)
-                self._scatter(src.to(self.device, non_blocking=True), block_ids, idx)
-            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                self._scatter(_to_device(src, self.device), block_ids)
+            event = _event()
             event.record(stream)
         return event
 
@@ -473,6 +513,37 @@ class BlockCopier:
 
 
 _memmove = ctypes.memmove  # releases the GIL
+
+_bound = threading.local()
+
+
+def bind_thread(device: torch.device) -> None:
+    """Make ``device`` the calling thread's current CUDA device (once per thread; no-op
+    for other devices). A helper thread starts on device 0: a CUDA call there (an event's
+    ``synchronize``/``query``, a stream switch) would create a context on GPU 0 for a
+    worker of another GPU, ~0.5 GiB of GPU 0's memory per such process."""
+    if device.type != "cuda" or getattr(_bound, "device", None) == device:
+        return
+    torch.cuda.set_device(device)
+    _bound.device = device
+
+
+def _event() -> Any:
+    """A CUDA event whose ``synchronize`` blocks the waiting thread instead of spinning."""
+    return torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
+
+
+def _to_device(src: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``src`` on ``device``, asynchronously from pinned memory. A host tensor that is not
+    contiguous (part of a chunk: ``buf[:, skip:skip + n]``) goes layer by layer: torch
+    would first copy it whole into pageable memory, on the calling thread, and then copy
+    that synchronously."""
+    if src.device.type != "cpu" or src.is_contiguous():
+        return src.to(device, non_blocking=True)
+    out = torch.empty(src.shape, dtype=src.dtype, device=device)
+    for layer in range(src.shape[0]):
+        out[layer].copy_(src[layer], non_blocking=True)
+    return out
 
 
 def _no_others(others: Sequence[Sequence[int]]) -> None:

@@ -35,7 +35,7 @@ import torch
 from ...hierarchy.tiered import Reservation
 from ...keys import CacheEngineKey
 from .group_copier import GroupedCopier
-from .layout import BlockCopier
+from .layout import BlockCopier, bind_thread
 from .staging import ChunkBuffers
 from .storage import Storage
 
@@ -191,7 +191,7 @@ class SaveQueue:
         ok, extra = False, None
         try:
             if event is not None:
-                await asyncio.to_thread(event.synchronize)
+                await asyncio.to_thread(_wait_event, self.copier.device, event)
             t0 = time.perf_counter()
             if res is not None:
                 ok = bool(await self.storage.hierarchy.put_reserved(item.key, res))
@@ -235,7 +235,19 @@ class SaveQueue:
     def _gather_done(self, item: SaveItem) -> bool:
         """Whether no device copy can still write into ``item``'s memory."""
         events = self._events.get(item.req_id)
-        return not events or all(ev.query() for ev in events)
+        if not events:
+            return True
+        bind_thread(self.copier.device)  # (the IO loop's thread)
+        return all(ev.query() for ev in events)
+
+    def prune_events(self) -> None:
+        """Forget the events of requests whose gathers are all complete (CUDA; called once
+        per step: a request whose saves need no waiting at its end is never asked for by
+        :meth:`gathered_for`, and its events would stay)."""
+        if not self._events:
+            return
+        for req_id in [r for r, evs in self._events.items() if all(ev.query() for ev in evs)]:
+            del self._events[req_id]
 
     def _batch_done(self, fut: concurrent.futures.Future[Any], batch: list[_Gathered]) -> None:
         # A batch cancelled before it ran never reached its items: they end here.
@@ -293,3 +305,9 @@ class SaveQueue:
         for f in futs:
             f.cancel()
         return left
+
+
+def _wait_event(device: torch.device, event: Any) -> None:
+    """Wait for a gather's event from a helper thread (bound to the cache's device)."""
+    bind_thread(device)
+    event.synchronize()

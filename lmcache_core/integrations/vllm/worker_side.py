@@ -341,6 +341,10 @@ class WorkerSide:
             return
         self._load_step = meta.step
         self._begin(meta)
+        if self.copier is not None:
+            self.copier.begin_step()  # (CUDA: stream order between gathers, compute, scatters)
+        if self.saves is not None:
+            self.saves.prune_events()
         if meta.chains and self.storage is not None and self.db is not None:
             observe = self.storage.hierarchy.observe_prefix
             try:
