@@ -123,3 +123,35 @@ def test_damaged_objects_are_device_misses(backend_opts: dict[str, object], kind
             await b.close()
 
     asyncio.run(body())
+
+
+def test_values_and_buffers_follow_the_callers_stream(backend_opts: dict[str, object]) -> None:
+    """A value still being made on the caller's (non-default) stream when ``put`` is
+    called is written as made, and a buffer the caller's stream still writes when
+    ``get_into`` is called is filled after that write: the tier waits for an event
+    recorded on the caller's current stream, not for the default stream."""
+
+    async def body() -> None:
+        b = GdsBackend(backend_opts)
+        await b.start()
+        try:
+            side = torch.cuda.Stream()
+            n = 8 << 20
+            with torch.cuda.stream(side):
+                a = torch.randn(4096, 4096, device="cuda")
+                for _ in range(8):
+                    a = a @ a.T / 4096  # keep the caller's stream busy
+                v = torch.zeros(n, dtype=torch.uint8, device="cuda")
+                v.fill_(7)  # queued behind the products
+                assert await b.put(make_key("stream"), v)
+                out = torch.zeros(n, dtype=torch.uint8, device="cuda")
+                for _ in range(8):
+                    a = a @ a.T / 4096
+                out.fill_(1)  # the caller's last write to the buffer, queued before the read
+                assert await b.get_into(make_key("stream"), out)
+            torch.cuda.synchronize()
+            assert bool((out == 7).all()), "the tier read or wrote before the caller's stream"
+        finally:
+            await b.close()
+
+    asyncio.run(body())

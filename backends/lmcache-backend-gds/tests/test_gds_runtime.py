@@ -121,6 +121,67 @@ def test_a_working_kvikio_in_compat_mode_is_reported_as_compat(
     assert "compatibility mode" in path.text()
 
 
+class _PosixCuFile:
+    """A fake CuFile doing real POSIX I/O (an extra unit layer); with ``strict_fails``
+    set, opening one fails as cuFile's handle registration does where GDS cannot take
+    the file (kvikio's compatibility mode forced off)."""
+
+    strict = False
+    strict_fails = False
+
+    def __init__(self, name: str, flags: str) -> None:
+        if _PosixCuFile.strict and _PosixCuFile.strict_fails:
+            raise RuntimeError("cuFile error at: cuFileHandleRegister (filesystem not supported)")
+        self.fd = os.open(name, os.O_RDWR)
+
+    def pwrite(self, buf: object, size: int, offset: int) -> types.SimpleNamespace:
+        n = os.pwrite(self.fd, memoryview(buf).cast("B")[:size], offset)  # type: ignore[arg-type]
+        return types.SimpleNamespace(get=lambda: n)
+
+    def pread(self, buf: object, size: int, offset: int) -> types.SimpleNamespace:
+        n = os.preadv(self.fd, [memoryview(buf).cast("B")[:size]], offset)  # type: ignore[arg-type]
+        return types.SimpleNamespace(get=lambda: n)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class _StrictMode:
+    """``kvikio.defaults.set("compat_mode", OFF)``'s context manager, faked."""
+
+    def __enter__(self) -> None:
+        _PosixCuFile.strict = True
+
+    def __exit__(self, *exc: object) -> None:
+        _PosixCuFile.strict = False
+
+
+@pytest.mark.parametrize("strict_fails", [False, True])
+def test_gds_is_claimed_only_where_cufile_takes_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strict_fails: bool
+) -> None:
+    """The driver reporting GDS available is not enough: kvikio's default ``AUTO`` mode
+    falls back to compatibility mode per file, silently. The probe repeats its round
+    trip with compatibility mode forced off; only if that works is the path ``gds``."""
+    _fake_kvikio(monkeypatch, _PosixCuFile, compat="OFF")
+    kv = sys.modules["kvikio"]
+    kv.CompatMode = types.SimpleNamespace(OFF="OFF")  # type: ignore[attr-defined]
+    kv.defaults.set = lambda name, value: _StrictMode()  # type: ignore[attr-defined]
+    drv = types.ModuleType("kvikio.cufile_driver")
+    drv.get = lambda name: True  # type: ignore[attr-defined]
+    kv.cufile_driver = drv  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "kvikio.cufile_driver", drv)
+    monkeypatch.setattr(_PosixCuFile, "strict_fails", strict_fails)
+    path = runtime.probe(str(tmp_path))
+    if strict_fails:
+        assert path.mode == "compat", path
+        assert "GDS is available but not for this directory: cuFile error" in path.reason
+    else:
+        assert path.mode == "gds", path
+    assert not _PosixCuFile.strict  # the setting was put back
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.skipif(not _kvikio_importable(), reason="kvikio is not installed (optional extra)")
 def test_real_kvikio_without_a_gpu_falls_back(tmp_path: Path) -> None:
     if torch.cuda.is_available():

@@ -14,12 +14,13 @@ A stored chunk is one contiguous tensor ``[num_layers, blocks_per_chunk, *block_
 from __future__ import annotations
 
 import ctypes
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from ...cuda_sync import bind_thread
 
 __all__ = [
     "SUPPORTED_BACKENDS",
@@ -513,19 +514,6 @@ class BlockCopier:
 
 
 _memmove = ctypes.memmove  # releases the GIL
-
-_bound = threading.local()
-
-
-def bind_thread(device: torch.device) -> None:
-    """Make ``device`` the calling thread's current CUDA device (once per thread; no-op
-    for other devices). A helper thread starts on device 0: a CUDA call there (an event's
-    ``synchronize``/``query``, a stream switch) would create a context on GPU 0 for a
-    worker of another GPU, ~0.5 GiB of GPU 0's memory per such process."""
-    if device.type != "cuda" or getattr(_bound, "device", None) == device:
-        return
-    torch.cuda.set_device(device)
-    _bound.device = device
 
 
 def _event() -> Any:

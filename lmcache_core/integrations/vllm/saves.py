@@ -32,10 +32,11 @@ from typing import Any
 
 import torch
 
+from ...cuda_sync import bind_thread, wait_ready
 from ...hierarchy.tiered import Reservation
 from ...keys import CacheEngineKey
 from .group_copier import GroupedCopier
-from .layout import BlockCopier, bind_thread
+from .layout import BlockCopier
 from .staging import ChunkBuffers
 from .storage import Storage
 
@@ -191,7 +192,7 @@ class SaveQueue:
         ok, extra = False, None
         try:
             if event is not None:
-                await asyncio.to_thread(_wait_event, self.copier.device, event)
+                await asyncio.to_thread(wait_ready, event, self.copier.device)
             t0 = time.perf_counter()
             if res is not None:
                 ok = bool(await self.storage.hierarchy.put_reserved(item.key, res))
@@ -305,9 +306,3 @@ class SaveQueue:
         for f in futs:
             f.cancel()
         return left
-
-
-def _wait_event(device: torch.device, event: Any) -> None:
-    """Wait for a gather's event from a helper thread (bound to the cache's device)."""
-    bind_thread(device)
-    event.synchronize()

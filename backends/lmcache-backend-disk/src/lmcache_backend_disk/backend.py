@@ -37,6 +37,7 @@ import torch
 from lmcache_core.backend import BaseBackend, Capabilities
 from lmcache_core.blob import lower_thread_priority
 from lmcache_core.config.options import build_options
+from lmcache_core.cuda_sync import ready_event, wait_ready
 from lmcache_core.errors import ConfigError, LMCacheError
 from lmcache_core.keys import CacheEngineKey, Namespace
 
@@ -401,7 +402,14 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
         return await self._call(self._get_sync, key)
 
     async def _get_into(self, key: CacheEngineKey, out: torch.Tensor) -> bool:
+        ready = ready_event(out)  # a CUDA buffer: after the caller's queued work on it
+        if ready is not None:
+            return await self._call(self._get_into_when_ready, ready, key, out)
         return await self._call(self._get_into_sync, key, out)
+
+    def _get_into_when_ready(self, ready: Any, key: CacheEngineKey, out: torch.Tensor) -> bool:
+        wait_ready(ready, out.device)
+        return self._get_into_sync(key, out)
 
     async def _batched_get(self, keys: Sequence[CacheEngineKey]) -> list[torch.Tensor | None]:
         return await self._run_batch(self._get_sync, [(k,) for k in keys])
@@ -409,6 +417,10 @@ class DiskBackend(DiskStore, DiskRecovery, DiskMaintenance, DiskPins, BaseBacken
     async def _batched_get_into(
         self, keys: Sequence[CacheEngineKey], outs: Sequence[torch.Tensor]
     ) -> list[bool]:
+        ready = ready_event(*outs)
+        if ready is not None:
+            args = [(ready, k, o) for k, o in zip(keys, outs, strict=True)]
+            return await self._run_batch(self._get_into_when_ready, args)
         return await self._run_batch(self._get_into_sync, list(zip(keys, outs, strict=True)))
 
     def _get_sync(self, key: CacheEngineKey) -> torch.Tensor | None:

@@ -32,10 +32,12 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from lmcache_core.codecs import envelope_codec
+from lmcache_core.cuda_sync import ready_event, wait_ready
 from lmcache_core.keys import CacheEngineKey
 
 from . import layout, sandbox
@@ -70,6 +72,7 @@ class _Write:
     written: bool = False
     new_dirs: tuple[str, ...] = ()  # parents of directories created for it (to fsync)
     fd: int | None = None  # the open temporary file, written but not flushed yet
+    ready: Any = None  # a CUDA value: its event on the caller's stream (lmcache_core.cuda_sync)
 
 
 class DiskStore(DiskState):
@@ -84,7 +87,7 @@ class DiskStore(DiskState):
             key.to_string(), self._ns_json, value.dtype, tuple(value.shape), envelope_codec(value)
         )
         size = len(template) + value.numel() * value.element_size()
-        return _Write(template, rel, tmp, size, value)
+        return _Write(template, rel, tmp, size, value, ready=ready_event(value))
 
     async def _put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
         return (await self._call(self._put_sync, [self._plan(key, value)]))[0]
@@ -302,12 +305,13 @@ class DiskStore(DiskState):
         try:
             value = w.value
             if value.device.type != "cpu":
+                wait_ready(w.ready, value.device)  # the caller's queued work that makes it
                 value = value.to("cpu")
             # flushed after the renames, with its batch (_sync_published)
             _, new_dirs, w.fd = self.io.write_temp_unsynced(w.tmp, w.template, value.contiguous())
             w.new_dirs = tuple(new_dirs)
             w.written = True
-        except OSError as exc:
+        except (OSError, RuntimeError) as exc:  # (RuntimeError: a device value's copy)
             self.counters.store_failures += 1
             self._stats.errors += 1
             log.warning("disk tier %s: writing %s failed: %s", self.root, w.rel, exc)

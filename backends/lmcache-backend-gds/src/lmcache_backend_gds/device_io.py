@@ -78,7 +78,8 @@ class DeviceObjectIO(ObjectIO):
         if n:
             f = self.kvikio.CuFile(_proc_path(fd), "r+")
             try:
-                wrote = f.pwrite(value.reshape(-1).view(torch.uint8), n, hlen, self.task_size).get()
+                data = value.detach().reshape(-1).view(torch.uint8)
+                wrote = f.pwrite(data, n, hlen, self.task_size).get()
             finally:
                 f.close()
             if wrote != n:
@@ -101,7 +102,8 @@ class DeviceObjectIO(ObjectIO):
             if n:
                 f = self.kvikio.CuFile(_proc_path(fd), "r")
                 try:
-                    got = f.pread(out.reshape(-1).view(torch.uint8), n, hlen, self.task_size).get()
+                    data = out.detach().reshape(-1).view(torch.uint8)
+                    got = f.pread(data, n, hlen, self.task_size).get()
                 finally:
                     f.close()
                 if got != n:

@@ -128,8 +128,16 @@ def configure(kvikio: Any, io_threads: int, task_size: int) -> None:
             reset(value)
 
 
-def _cufile_round_trip(kvikio: Any, directory: str) -> None:
-    """Write and read back 4 KiB through ``kvikio.CuFile`` in ``directory`` (raises)."""
+#: Bytes of the device round trip (above kvikio's ``gds_threshold``, 16 KiB by default,
+#: under which even device buffers skip cuFile).
+DEVICE_PROBE_BYTES = 1 << 20
+
+
+def _cufile_round_trip(kvikio: Any, directory: str, device: bool = False) -> None:
+    """Write and read back 4 KiB of host memory through ``kvikio.CuFile`` in
+    ``directory``, and with ``device`` also 1 MiB of CUDA memory at file offset 4096, where
+    object data lives (kvikio sends host buffers down its POSIX path: only a device buffer
+    tries cuFile itself). Raises on any failure or difference."""
     import numpy as np
 
     fd, name = tempfile.mkstemp(prefix=".gds-probe-", dir=directory)
@@ -145,11 +153,65 @@ def _cufile_round_trip(kvikio: Any, directory: str) -> None:
             f.close()
         if wrote != data.nbytes or got != data.nbytes or not np.array_equal(back, data):
             raise OSError(f"CuFile round trip returned {wrote}/{got} bytes or other data")
+        if device:
+            _device_round_trip(kvikio, name)
     finally:
         try:
             os.unlink(name)
         except OSError:
             pass
+
+
+def _device_round_trip(kvikio: Any, name: str) -> None:
+    import torch
+
+    n = DEVICE_PROBE_BYTES
+    data = (torch.arange(n, device="cuda") % 251).to(torch.uint8)
+    back = torch.zeros(n, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    f = kvikio.CuFile(name, "r+")
+    try:
+        wrote = f.pwrite(data, n, 4096).get()
+        got = f.pread(back, n, 4096).get()
+    finally:
+        f.close()
+    torch.cuda.synchronize()
+    if wrote != n or got != n or not torch.equal(back, data):
+        raise OSError(f"CuFile device round trip returned {wrote}/{got} bytes or other data")
+
+
+def _round_trip_in(kvikio: Any, directory: str | None, device: bool) -> None:
+    if directory is None:
+        with tempfile.TemporaryDirectory(prefix="lmcache-gds-probe-") as tmp:
+            _cufile_round_trip(kvikio, tmp, device)
+    else:
+        _cufile_round_trip(kvikio, directory, device)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _strict_gds_error(kvikio: Any, directory: str | None, device: bool) -> str | None:
+    """Why a round trip with kvikio's compatibility mode forced off fails here (``None``:
+    it worked, or this kvikio cannot be asked). Under the default ``AUTO`` kvikio falls
+    back to compatibility mode per file, silently, when cuFile cannot take it (an
+    ``O_DIRECT`` open or the handle registration failing): the driver saying GDS is
+    available does not mean this directory gets it."""
+    try:
+        off = kvikio.CompatMode.OFF
+        ctx = kvikio.defaults.set("compat_mode", off)
+    except Exception:
+        return None
+    if not hasattr(ctx, "__enter__"):  # an older kvikio set it for good: put it back
+        return None
+    try:
+        with ctx:
+            _round_trip_in(kvikio, directory, device)
+    except Exception as exc:
+        return _first_line(exc)
+    return None
 
 
 def probe(directory: str | None, *, force_posix: bool = False) -> IoPath:
@@ -169,20 +231,23 @@ def probe(directory: str | None, *, force_posix: bool = False) -> IoPath:
         )
     version = str(getattr(kvikio, "__version__", "?"))
     try:
-        if directory is None:
-            with tempfile.TemporaryDirectory(prefix="lmcache-gds-probe-") as tmp:
-                _cufile_round_trip(kvikio, tmp)
-        else:
-            _cufile_round_trip(kvikio, directory)
+        _round_trip_in(kvikio, directory, cuda)
     except Exception as exc:
-        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return IoPath(POSIX, f"kvikio {version} CuFile I/O failed: {why}", version, cuda)
+        return IoPath(
+            POSIX, f"kvikio {version} CuFile I/O failed: {_first_line(exc)}", version, cuda
+        )
     compat = _compat_preferred(kvikio)
     gds = _gds_available(kvikio)
     if compat is False and gds:
-        return IoPath(GDS, "the cuFile driver reports GDS available", version, cuda)
+        refused = _strict_gds_error(kvikio, directory, cuda)
+        if refused is None:
+            return IoPath(GDS, "the cuFile driver reports GDS available", version, cuda)
+        return IoPath(
+            COMPAT, f"GDS is available but not for this directory: {refused}", version, cuda
+        )
+    setting = _setting(kvikio, "compat_mode")
     why = (
-        f"kvikio compat_mode={_setting(kvikio, 'compat_mode')}"
+        f"kvikio compat_mode={getattr(setting, 'name', setting)}"
         if compat
         else "the cuFile driver reports no GDS (nvidia-fs not loaded?)"
         if gds is False

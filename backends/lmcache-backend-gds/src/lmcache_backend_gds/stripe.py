@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from lmcache_backend_disk import DiskBackend, aligned_empty
 
+from lmcache_core.cuda_sync import bind_thread, wait_ready
 from lmcache_core.keys import CacheEngineKey, Namespace
 
 from .device_io import DeviceObjectIO
@@ -79,6 +80,7 @@ class GdsStripe(DiskBackend):
             super()._write_sync(w)  # the disk tier's path (device values staged to host)
             return
         try:
+            wait_ready(w.ready, w.value.device)  # the caller's queued work that makes it
             _, new_dirs = dev.write_temp_device(w.tmp, w.template, w.value)
             w.new_dirs = tuple(new_dirs)
             w.written = True
@@ -91,6 +93,7 @@ class GdsStripe(DiskBackend):
     def _get_into_sync(self, key: CacheEngineKey, out: torch.Tensor) -> bool:
         if out.device.type != "cuda":
             return super()._get_into_sync(key, out)
+        bind_thread(out.device)
         dev = self._device_io
         if dev is None:
             # no kvikio: read into host memory with O_DIRECT, then copy to the device
