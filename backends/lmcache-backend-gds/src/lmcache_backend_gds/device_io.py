@@ -78,12 +78,39 @@ class DeviceObjectIO(ObjectIO):
         if n:
             f = self.kvikio.CuFile(_proc_path(fd), "r+")
             try:
-                data = value.detach().reshape(-1).view(torch.uint8)
-                wrote = f.pwrite(data, n, hlen, self.task_size).get()
+                wrote = self._transfer(f.pwrite, value.detach().reshape(-1).view(torch.uint8), hlen)
             finally:
                 f.close()
             if wrote != n:
                 raise OSError(f"short device write: {wrote} of {n} bytes")
+
+    def _transfer(self, op: Any, data: torch.Tensor, offset: int) -> int:
+        """``op`` (a CuFile's ``pread`` or ``pwrite``) of the flat uint8 ``data`` at file
+        offset ``offset``, in pieces of ``task_size`` bytes, each one kvikio task (its
+        own future), all submitted at once and all waited for, even after one failed: the
+        file is closed only when none is still running (a failed kvikio future returns
+        while its other tasks may still run, and a close under them would leave them with
+        a closed, possibly reused, descriptor). Returns the bytes moved; raises the first
+        failure."""
+        n, step = data.numel(), self.task_size
+        futures = []
+        first: BaseException | None = None
+        for start in range(0, n, step):
+            k = min(step, n - start)
+            try:
+                futures.append(op(data[start : start + k], k, offset + start, k))
+            except Exception as exc:  # not submitted: nothing of it runs
+                first = exc
+                break
+        done = 0
+        for fut in futures:
+            try:
+                done += int(fut.get())
+            except Exception as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+        return done
 
     def read_into_device(self, rel: str, key: str, ns_json: str, out: torch.Tensor) -> ReadResult:
         """Read the object at ``rel`` into the CUDA tensor ``out`` and verify it (header in
@@ -102,8 +129,7 @@ class DeviceObjectIO(ObjectIO):
             if n:
                 f = self.kvikio.CuFile(_proc_path(fd), "r")
                 try:
-                    data = out.detach().reshape(-1).view(torch.uint8)
-                    got = f.pread(data, n, hlen, self.task_size).get()
+                    got = self._transfer(f.pread, out.detach().reshape(-1).view(torch.uint8), hlen)
                 finally:
                     f.close()
                 if got != n:
