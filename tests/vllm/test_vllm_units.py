@@ -680,3 +680,14 @@ def test_stats_file_is_replaced_whole_and_leaves_no_temporary_files(
         ]
         assert sorted(os.listdir(d)) == ["worker0.json"]  # the previous document is gone
     assert os.stat(os.path.join(d, "worker0.json")).st_mode & 0o077 == 0
+
+
+def test_buffer_count_charges_pinned_buffers_what_the_allocator_keeps() -> None:
+    from lmcache_core.integrations.vllm.staging import buffer_count
+
+    mib = 1 << 20
+    assert buffer_count(64 * mib, 4 * mib, pinned=False) == 16
+    assert buffer_count(64 * mib, 4 * mib, pinned=True) == 16  # a power of two already
+    assert buffer_count(80 * mib, 5 * mib, pinned=False) == 16
+    assert buffer_count(80 * mib, 5 * mib, pinned=True) == 10  # 8 MiB each
+    assert buffer_count(1 * mib, 5 * mib, pinned=True) == 4  # never fewer than 4

@@ -74,7 +74,9 @@ class ConnectorOptions:
         kind="bytes",
         minimum=1,
         doc="Bound on a worker's reused staging buffers: half for saves (a save finding "
-        "none free is dropped and counted), a quarter each for the two kinds of loads.",
+        "none free is dropped and counted), a quarter each for the two kinds of loads. On "
+        "CUDA (page-locked buffers) each is charged the power of two torch's host "
+        "allocator rounds it to.",
     )
     lookup_deadline_ms: float = option(
         20.0,

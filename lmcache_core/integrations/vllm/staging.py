@@ -18,11 +18,19 @@ import torch
 
 from ...memory import mapped_empty, pinned_available, populated_empty, staging_empty
 
-__all__ = ["MAPPED_MIN_NBYTES", "ChunkBuffers"]
+__all__ = ["MAPPED_MIN_NBYTES", "ChunkBuffers", "buffer_count"]
 
 #: Buffers this large or larger are page-aligned mappings of their own (smaller ones
 #: come from ``torch.empty``).
 MAPPED_MIN_NBYTES = 1 << 20
+
+
+def buffer_count(max_bytes: int, chunk_bytes: int, pinned: bool) -> int:
+    """How many chunk buffers ``max_bytes`` pays for (at least 4). Page-locked buffers
+    come from torch's caching host allocator, which rounds each up to a power of two and
+    keeps it: they are charged that (a 5 MiB chunk costs 8 MiB)."""
+    charged = 1 << (chunk_bytes - 1).bit_length() if pinned and chunk_bytes > 1 else chunk_bytes
+    return max(4, max_bytes // max(1, charged))
 
 
 class ChunkBuffers:

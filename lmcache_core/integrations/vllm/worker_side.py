@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ...keys import CacheEngineKey
+from ...memory import pinned_available
 from .connector_stats import ConnectorStats, StatsDelta
 from .context import ConnectorContext
 from .group_copier import GroupedCopier
@@ -37,7 +38,7 @@ from .layout import BlockCopier, UnsupportedModel, check_attention_backends
 from .loads import AsyncLoads
 from .metadata import ChunkLoad, StepMetadata, WorkerReport
 from .saves import SaveItem, SaveQueue
-from .staging import ChunkBuffers
+from .staging import ChunkBuffers, buffer_count
 from .stats_file import encode_stats, write_stats_text
 from .storage import Storage, replica_storage_config
 
@@ -212,7 +213,7 @@ class WorkerSide:
         opts = self.ctx.settings.options
         shape = self.copier.chunk_shape(self.ctx.blocks_per_chunk)
         chunk_bytes = self.copier.block_nbytes * self.ctx.blocks_per_chunk
-        n = max(4, opts.max_staging_bytes // chunk_bytes)
+        n = buffer_count(opts.max_staging_bytes, chunk_bytes, pinned_available())
         self._sync_buffers = ChunkBuffers(shape, self.copier.dtype, n // 4)
         self._report_stored = self.storage.top_is_private_memory
         pin = self._fail_policy and self._report_stored
