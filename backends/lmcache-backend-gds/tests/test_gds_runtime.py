@@ -94,33 +94,6 @@ def test_a_cufile_that_fails_like_without_libcuda_falls_back(
     assert stats["io_path"] == "posix"
 
 
-def test_a_working_kvikio_in_compat_mode_is_reported_as_compat(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Extra unit layer (a fake CuFile doing real POSIX I/O): the probe's round trip
-    succeeds, kvikio says compat mode, so the path is ``compat``."""
-
-    class PosixCuFile:
-        def __init__(self, name: str, flags: str) -> None:
-            self.fd = os.open(name, os.O_RDWR)
-
-        def pwrite(self, buf: object, size: int, offset: int) -> types.SimpleNamespace:
-            n = os.pwrite(self.fd, memoryview(buf).cast("B")[:size], offset)  # type: ignore[arg-type]
-            return types.SimpleNamespace(get=lambda: n)
-
-        def pread(self, buf: object, size: int, offset: int) -> types.SimpleNamespace:
-            n = os.preadv(self.fd, [memoryview(buf).cast("B")[:size]], offset)  # type: ignore[arg-type]
-            return types.SimpleNamespace(get=lambda: n)
-
-        def close(self) -> None:
-            os.close(self.fd)
-
-    _fake_kvikio(monkeypatch, PosixCuFile, compat="ON")
-    path = runtime.probe(str(tmp_path))
-    assert path.mode == "compat", path
-    assert "compatibility mode" in path.text()
-
-
 class _PosixCuFile:
     """A fake CuFile doing real POSIX I/O (an extra unit layer); with ``strict_fails``
     set, opening one fails as cuFile's handle registration does where GDS cannot take
@@ -144,6 +117,17 @@ class _PosixCuFile:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def test_a_working_kvikio_in_compat_mode_is_reported_as_compat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Extra unit layer (a fake CuFile doing real POSIX I/O): the probe's round trip
+    succeeds, kvikio says compat mode, so the path is ``compat``."""
+    _fake_kvikio(monkeypatch, _PosixCuFile, compat="ON")
+    path = runtime.probe(str(tmp_path))
+    assert path.mode == "compat", path
+    assert "compatibility mode" in path.text()
 
 
 class _StrictMode:
