@@ -116,7 +116,8 @@ import torch
 from . import format as fmt
 from .backend import BaseBackend
 from .codecs import envelope_codec
-from .errors import ConfigError, FormatError
+from .cuda_sync import device_copy, host_copy, ready_event
+from .errors import BufferMismatchError, ConfigError, FormatError
 from .keys import CacheEngineKey, Namespace
 from .maintenance import EntryInfo, ProgressCallback
 from .memory import as_bytes, copy_into
@@ -255,6 +256,8 @@ def decode_object(
         out = torch.empty(header.shape, dtype=header.dtype)
     else:
         fmt.check_out(header, out)
+        if out.device.type != "cpu":  # (memmove below: host memory only)
+            raise BufferMismatchError(f"objects decode into host memory, not {out.device}")
     if header.data_nbytes:
         src = np.frombuffer(view, dtype=np.uint8, count=header.data_nbytes,
                             offset=header.data_offset)  # fmt: skip
@@ -585,6 +588,15 @@ class BlobBackend(BaseBackend):
         return await self._settle(name, res)
 
     async def _get_into(self, key: CacheEngineKey, out: torch.Tensor) -> bool:
+        if out.device.type != "cpu":
+            # a device buffer: decoded into host memory, then copied after the caller's
+            # queued work on ``out`` (objects are decoded with memmove and hashed in place)
+            ready = ready_event(out)
+            host = torch.empty(out.shape, dtype=out.dtype)
+            if not await self._get_into(key, host):
+                return False
+            await self._in_thread(device_copy, ready, out, host)
+            return True
         name = self.object_name(key)
         if self._sync_ops["read_object"]:
             res = await self._in_thread(self._read_decode_into_sync, name, key, out)
@@ -652,8 +664,8 @@ class BlobBackend(BaseBackend):
     # ------------------------------------------------------------------ stores
     async def _put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
         name = self.object_name(key)
-        if value.device.type != "cpu":
-            value = value.cpu()
+        if value.device.type != "cpu":  # after the caller's queued work that makes it
+            value = await self._in_thread(host_copy, ready_event(value), value)
         if self._sync_ops["write_object"]:
             await self._in_thread(self._encode_write_sync, name, key, value)
         else:

@@ -21,7 +21,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["bind_thread", "ready_event", "wait_ready"]
+__all__ = [
+    "bind_thread",
+    "device_copy",
+    "host_copy",
+    "ready_event",
+    "settle_caller",
+    "wait_ready",
+]
 
 _bound = threading.local()
 
@@ -54,3 +61,29 @@ def wait_ready(event: Any, device: torch.device) -> None:
         return
     bind_thread(device)
     event.synchronize()
+
+
+def host_copy(event: Any, value: torch.Tensor) -> torch.Tensor:
+    """A host copy of the device tensor ``value``, made after ``event`` (from a worker
+    thread: the copy waits for the device)."""
+    wait_ready(event, value.device)
+    return value.detach().to("cpu")
+
+
+def device_copy(event: Any, dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` after ``event``, complete when it returns (one side is a device
+    tensor; from a worker thread)."""
+    device = dst.device if dst.device.type == "cuda" else src.device
+    wait_ready(event, device)
+    dst.copy_(src)
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+def settle_caller(*tensors: torch.Tensor) -> None:
+    """In a blocking call that hands CUDA tensors to another thread (the IO loop's): wait,
+    in the calling thread, for the work its current stream has queued on them, since an
+    event recorded on the other thread would cover that thread's stream only."""
+    event = ready_event(*tensors)
+    if event is not None:
+        event.synchronize()

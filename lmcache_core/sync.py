@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from .cuda_sync import settle_caller
 from .interface import (
     PrefixLookups,
     StorageBackend,
@@ -193,6 +194,7 @@ class SyncBackend:
         if res is not None and res[0] is not None:
             return res[0]
         bufs = self._load_buffers((out,))
+        settle_caller(out, *bufs)  # (CUDA: the IO thread's stream is not the caller's)
         hit = self._run(self.backend.get_into(key, bufs[0]))
         self._hand_over([hit], (out,), bufs)
         return hit
@@ -220,6 +222,7 @@ class SyncBackend:
     ) -> list[bool]:
         """``batched_get_into`` on the IO loop (see :meth:`_load_buffers`)."""
         bufs = self._load_buffers(outs)
+        settle_caller(*outs, *bufs)
         hits = self._run(self.backend.batched_get_into(keys, bufs))
         self._hand_over(hits, outs, bufs)
         return hits
@@ -230,6 +233,7 @@ class SyncBackend:
             res = fast((key,), (value,), donate)
             if res is not None and res[0] is not None:
                 return bool(res[0])
+        settle_caller(value)
         return self._run(self.backend.put(key, value, donate))
 
     def remove(self, key: CacheEngineKey) -> bool:
@@ -277,6 +281,7 @@ class SyncBackend:
             or threading.get_ident() == self._loop_tid
             or (res := fast(keys, values, donate)) is None
         ):
+            settle_caller(*values)
             return self._run(self.backend.batched_put(keys, values, donate))
         if None in res:
             todo = [i for i, r in enumerate(res) if r is None]

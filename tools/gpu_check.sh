@@ -76,6 +76,9 @@ run_tests() {  # pytest when available, else the files' own runners
 echo "== vLLM connector: block copies (one strided view, pinned staging, side stream)"
 run_tests tests/vllm/test_vllm_copies.py
 
+echo "== tiers and CUDA tensors: the caller's stream (cpu, byte-store, hierarchy, SyncBackend)"
+run_tests tests/test_cuda_streams.py
+
 echo "== gds backend: device tensors <-> NVMe files through kvikio (cuFile), and its fallback"
 # kvikio wheels are carried in (no network): kvikio_cu13-*.whl, libkvikio_cu13-*.whl and
 # rapids_logger-*.whl for a CUDA 13 torch (cu12 ones for CUDA 12); their other needs

@@ -44,6 +44,7 @@ import torch
 
 from ..backend import BaseBackend, Capabilities
 from ..config.options import build_options, option
+from ..cuda_sync import device_copy, host_copy, ready_event
 from ..errors import BufferMismatchError, ConfigError, KeyFormatError
 from ..interface import EvictionListener, VictimSelector
 from ..keys import CacheEngineKey, Namespace, check_key_size
@@ -350,6 +351,10 @@ class CPUBackend(BaseBackend):
         self._reset_pending = False
 
     async def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        if dst.device.type != "cpu" or src.device.type != "cpu":
+            # a device buffer: off the loop, after the caller's queued work on it
+            await asyncio.to_thread(device_copy, ready_event(dst, src), dst, src)
+            return
         n = dst.numel() * dst.element_size()
         if n > self.opts.inline_copy_bytes:
             await asyncio.to_thread(copy_into, dst, src)
@@ -425,8 +430,8 @@ class CPUBackend(BaseBackend):
             return entry
 
     async def _put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
-        if value.device.type != "cpu":
-            value = value.to("cpu")
+        if value.device.type != "cpu":  # off the loop, after the caller's work that makes it
+            value = await asyncio.to_thread(host_copy, ready_event(value), value)
             donate = True
         nbytes = value.numel() * value.element_size()
         if self._pool.cost(nbytes) > self.max_bytes:

@@ -69,6 +69,7 @@ import torch
 from ..backend import BaseBackend, Capabilities, _check_key, _check_out, _check_put_key
 from ..config import CacheConfig, load_config
 from ..config.namespaces import namespace_label, namespace_warnings, resolve_namespace
+from ..cuda_sync import host_copy, ready_event
 from ..errors import ConfigError
 from ..interface import (
     EntryCharges,
@@ -748,6 +749,12 @@ class TieredHierarchy(BaseBackend):
 
     # ------------------------------------------------------------------ stores
     async def _put(self, key: CacheEngineKey, value: torch.Tensor, donate: bool) -> bool:
+        if value.device.type != "cpu":
+            # One host copy, made after the caller's queued work that makes the value;
+            # every tier and every background store then reads host memory (a device
+            # tensor queued for a write-through would be read later, unordered).
+            value = await asyncio.to_thread(host_copy, ready_event(value), value)
+            donate = True
         top = self.tiers[0]
         nbytes = _nbytes(value)
         lower = self._through_targets(key, nbytes)
