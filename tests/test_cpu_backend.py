@@ -334,3 +334,25 @@ def test_a_borrowed_entry_is_skipped_by_eviction() -> None:
         await b.close()
 
     run_async(body())
+
+
+def test_release_pinned_cache_asks_torch_to_free_its_cached_host_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A closed pinned tier hands torch's cached page-locked blocks back (torch keeps
+    them otherwise); the call works with either name torch has for it, and a build
+    whose call fails (no accelerator) is no error."""
+    from lmcache_core.backends.cpu import release_pinned_cache
+
+    calls: list[str] = []
+
+    def failing() -> None:
+        calls.append("host")
+        raise RuntimeError("no accelerator")
+
+    monkeypatch.setattr(torch._C, "_host_emptyCache", failing, raising=False)
+    monkeypatch.setattr(
+        torch._C, "_accelerator_emptyHostCache", lambda: calls.append("acc"), raising=False
+    )
+    release_pinned_cache()
+    assert calls == ["host", "acc"]

@@ -76,32 +76,24 @@ def _cpu_tier() -> Any:
     return CPUBackend({"max_bytes": 64 << 20})
 
 
+async def _started_round_trip(backend: Any, i: int) -> None:
+    await backend.start()
+    try:
+        await _round_trip(backend, i)
+    finally:
+        await backend.close()
+
+
 @cuda
 def test_cpu_tier_follows_the_callers_stream() -> None:
-    async def body() -> None:
-        b = _cpu_tier()
-        await b.start()
-        try:
-            await _round_trip(b, 1)
-        finally:
-            await b.close()
-
-    asyncio.run(body())
+    asyncio.run(_started_round_trip(_cpu_tier(), 1))
 
 
 @cuda
 def test_byte_store_tier_loads_into_device_buffers(tmp_path: Path) -> None:
     from lmcache_backend_template import TemplateBackend  # (pyproject: on pytest's path)
 
-    async def body() -> None:
-        b = TemplateBackend({"path": str(tmp_path)})
-        await b.start()
-        try:
-            await _round_trip(b, 2)
-        finally:
-            await b.close()
-
-    asyncio.run(body())
+    asyncio.run(_started_round_trip(TemplateBackend({"path": str(tmp_path)}), 2))
 
 
 @cuda

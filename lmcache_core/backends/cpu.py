@@ -164,6 +164,21 @@ class _Evictable(AbstractSet[CacheEngineKey]):
         return len(self._entries)
 
 
+def release_pinned_cache() -> None:
+    """Hand the page-locked blocks torch's host allocator caches back to the system. It
+    keeps every freed block (rounded to a power of two) until asked, so page-locked
+    memory a closed pinned tier gave up would otherwise stay locked for the process's
+    life. Only blocks nothing uses are freed; a no-op where torch has no such call."""
+    for name in ("_host_emptyCache", "_accelerator_emptyHostCache"):
+        fn = getattr(torch._C, name, None)
+        if callable(fn):
+            try:
+                fn()
+            except Exception:  # (no accelerator in this build, say)
+                continue
+            return
+
+
 class CPUBackend(BaseBackend):
     """Host-memory LRU tier (backend name ``cpu``)."""
 
@@ -226,6 +241,8 @@ class CPUBackend(BaseBackend):
             self._npins = 0
             self._pool.clear()
             self._used = self._data_bytes = self._reserved = 0
+        if self._pool.pin:
+            release_pinned_cache()
 
     def set_victim_selector(self, selector: VictimSelector | None) -> None:
         """Ask ``selector`` for the next victim when room is needed (``None``: least
