@@ -377,18 +377,18 @@ def envelope_codec(value: torch.Tensor) -> str:
     (what an object's header records as its ``codec``)."""
     if value.dtype != torch.uint8 or value.dim() != 1 or value.numel() < _ENV_HEAD.size:
         return "raw"
+    head = value[:4]
     if value.device.type != "cpu":
-        # A device tensor (a CUDA value put into the gds tier): look at its first bytes
-        # on the host, and at the rest only when they are an envelope's magic.
+        # A device tensor (a CUDA value put into the gds tier): its first bytes are looked
+        # at on the host, the rest copied only when they are an envelope's magic.
         try:
-            head = value[:4].cpu()
+            head = head.cpu()
         except (RuntimeError, NotImplementedError):  # no data to read (the meta device)
             return "raw"
-        if bytes(byte_view(head)) != _ENV_MAGIC:
-            return "raw"
-        value = value.cpu()
-    if bytes(byte_view(value[:4])) != _ENV_MAGIC:
+    if bytes(byte_view(head)) != _ENV_MAGIC:
         return "raw"
+    if value.device.type != "cpu":
+        value = value.cpu()
     try:
         return read_envelope(value).label
     except CodecError:

@@ -23,6 +23,7 @@ import torch
 
 __all__ = [
     "bind_thread",
+    "blocking_event",
     "device_copy",
     "host_copy",
     "ready_event",
@@ -42,13 +43,18 @@ def bind_thread(device: torch.device) -> None:
     _bound.device = device
 
 
+def blocking_event() -> Any:
+    """A CUDA event whose ``synchronize`` blocks the waiting thread instead of spinning."""
+    return torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
+
+
 def ready_event(*tensors: torch.Tensor) -> Any:
     """An event recorded on the calling thread's current stream of the first CUDA tensor
     among ``tensors`` (``None`` when there is none): once it completes, the work queued so
     far that writes or reads those tensors is done."""
     for t in tensors:
         if t.device.type == "cuda":
-            ev = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
+            ev = blocking_event()
             ev.record(torch.cuda.current_stream(t.device))
             return ev
     return None
@@ -71,13 +77,11 @@ def host_copy(event: Any, value: torch.Tensor) -> torch.Tensor:
 
 
 def device_copy(event: Any, dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst.copy_(src)`` after ``event``, complete when it returns (one side is a device
-    tensor; from a worker thread)."""
-    device = dst.device if dst.device.type == "cuda" else src.device
-    wait_ready(event, device)
+    """``dst.copy_(src)`` after ``event`` (one side is a device tensor; from a worker
+    thread). Complete when it returns: a blocking copy between host and device waits for
+    its stream."""
+    wait_ready(event, dst.device if dst.device.type == "cuda" else src.device)
     dst.copy_(src)
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
 
 
 def settle_caller(*tensors: torch.Tensor) -> None:

@@ -140,6 +140,14 @@ class _StrictMode:
         _PosixCuFile.strict = False
 
 
+def _driver_reports_gds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The faked kvikio's cuFile driver says GDS is available."""
+    drv = types.ModuleType("kvikio.cufile_driver")
+    drv.get = lambda name: True  # type: ignore[attr-defined]
+    sys.modules["kvikio"].cufile_driver = drv  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "kvikio.cufile_driver", drv)
+
+
 @pytest.mark.parametrize("strict_fails", [False, True])
 def test_gds_is_claimed_only_where_cufile_takes_the_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strict_fails: bool
@@ -151,10 +159,7 @@ def test_gds_is_claimed_only_where_cufile_takes_the_directory(
     kv = sys.modules["kvikio"]
     kv.CompatMode = types.SimpleNamespace(OFF="OFF")  # type: ignore[attr-defined]
     kv.defaults.set = lambda name, value: _StrictMode()  # type: ignore[attr-defined]
-    drv = types.ModuleType("kvikio.cufile_driver")
-    drv.get = lambda name: True  # type: ignore[attr-defined]
-    kv.cufile_driver = drv  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "kvikio.cufile_driver", drv)
+    _driver_reports_gds(monkeypatch)
     monkeypatch.setattr(_PosixCuFile, "strict_fails", strict_fails)
     path = runtime.probe(str(tmp_path))
     if strict_fails:
@@ -205,3 +210,20 @@ def test_bad_options_are_refused_with_their_path(opts: dict[str, object], where:
     with pytest.raises(ConfigError) as exc:
         GdsBackend(opts)
     assert exc.value.path == where, exc.value
+
+
+def test_a_kvikio_whose_set_is_no_context_manager_gets_its_setting_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older kvikio's ``defaults.set`` changes the setting for good and returns
+    nothing: the strict probe is skipped and the previous setting is put back."""
+    _fake_kvikio(monkeypatch, _PosixCuFile, compat="AUTO-fake")
+    kv = sys.modules["kvikio"]
+    kv.CompatMode = types.SimpleNamespace(OFF="OFF")  # type: ignore[attr-defined]
+    calls: list[tuple[str, object]] = []
+    kv.defaults.set = lambda name, value: calls.append((name, value))  # type: ignore[attr-defined]
+    kv.defaults.is_compat_mode_preferred = lambda: False  # type: ignore[attr-defined]
+    _driver_reports_gds(monkeypatch)
+    path = runtime.probe(str(tmp_path))
+    assert path.mode == "gds", path  # (the strict check could not be made)
+    assert calls == [("compat_mode", "OFF"), ("compat_mode", "AUTO-fake")]

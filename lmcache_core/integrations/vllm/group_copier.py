@@ -48,9 +48,8 @@ class GroupedCopier:
         self.block_shape = first.block_shape
         self.dtype = first.dtype
         self.device = first.device
-        if (
-            self.device.type == "cuda"
-        ):  # one side stream each way: the last event covers every group
+        if self.device.type == "cuda":
+            # one side stream each way: the last event covers every group
             stream, scatters = first._side_stream(), first._scatter_side_stream()
             for c in copiers[1:]:
                 c._stream, c._scatter_stream = stream, scatters

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ...cuda_sync import bind_thread
+from ...cuda_sync import bind_thread, blocking_event
 
 __all__ = [
     "SUPPORTED_BACKENDS",
@@ -475,7 +475,7 @@ class BlockCopier:
             else:
                 tmp = torch.stack([v.index_select(0, idx) for v in self.views])
             out[:, :n].copy_(tmp, non_blocking=True)
-            event = _event()
+            event = blocking_event()
             event.record(stream)
         self._last_gather = event
         return event
@@ -499,7 +499,7 @@ class BlockCopier:
         with torch.cuda.stream(stream):
             if n:
                 self._scatter(_to_device(src, self.device), block_ids)
-            event = _event()
+            event = blocking_event()
             event.record(stream)
         return event
 
@@ -514,11 +514,6 @@ class BlockCopier:
 
 
 _memmove = ctypes.memmove  # releases the GIL
-
-
-def _event() -> Any:
-    """A CUDA event whose ``synchronize`` blocks the waiting thread instead of spinning."""
-    return torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
 
 
 def _to_device(src: torch.Tensor, device: torch.device) -> torch.Tensor:

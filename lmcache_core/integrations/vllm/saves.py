@@ -236,9 +236,12 @@ class SaveQueue:
     def _gather_done(self, item: SaveItem) -> bool:
         """Whether no device copy can still write into ``item``'s memory."""
         events = self._events.get(item.req_id)
-        if not events:
-            return True
-        bind_thread(self.copier.device)  # (the IO loop's thread)
+        return not events or self._complete(events)
+
+    def _complete(self, events: list[Any]) -> bool:
+        """Whether every one of ``events`` has completed (from any thread: bound to the
+        cache's device first, once per thread)."""
+        bind_thread(self.copier.device)
         return all(ev.query() for ev in events)
 
     def prune_events(self) -> None:
@@ -247,7 +250,7 @@ class SaveQueue:
         :meth:`gathered_for`, and its events would stay)."""
         if not self._events:
             return
-        for req_id in [r for r, evs in self._events.items() if all(ev.query() for ev in evs)]:
+        for req_id in [r for r, evs in self._events.items() if self._complete(evs)]:
             del self._events[req_id]
 
     def _batch_done(self, fut: concurrent.futures.Future[Any], batch: list[_Gathered]) -> None:
@@ -280,7 +283,7 @@ class SaveQueue:
         events = self._events.get(req_id)
         if not events:
             return True
-        if all(ev.query() for ev in events):
+        if self._complete(events):
             del self._events[req_id]
             return True
         return False

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from lmcache_core.codecs import envelope_codec
-from lmcache_core.cuda_sync import ready_event, wait_ready
+from lmcache_core.cuda_sync import host_copy, ready_event
 from lmcache_core.keys import CacheEngineKey
 
 from . import layout, sandbox
@@ -304,9 +304,8 @@ class DiskStore(DiskState):
     def _write_sync(self, w: _Write) -> None:
         try:
             value = w.value
-            if value.device.type != "cpu":
-                wait_ready(w.ready, value.device)  # the caller's queued work that makes it
-                value = value.to("cpu")
+            if value.device.type != "cpu":  # after the caller's queued work that makes it
+                value = host_copy(w.ready, value)
             # flushed after the renames, with its batch (_sync_published)
             _, new_dirs, w.fd = self.io.write_temp_unsynced(w.tmp, w.template, value.contiguous())
             w.new_dirs = tuple(new_dirs)

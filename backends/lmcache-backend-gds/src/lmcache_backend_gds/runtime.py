@@ -199,12 +199,16 @@ def _strict_gds_error(kvikio: Any, directory: str | None, device: bool) -> str |
     back to compatibility mode per file, silently, when cuFile cannot take it (an
     ``O_DIRECT`` open or the handle registration failing): the driver saying GDS is
     available does not mean this directory gets it."""
+    previous = _setting(kvikio, "compat_mode")
     try:
-        off = kvikio.CompatMode.OFF
-        ctx = kvikio.defaults.set("compat_mode", off)
+        ctx = kvikio.defaults.set("compat_mode", kvikio.CompatMode.OFF)
     except Exception:
         return None
     if not hasattr(ctx, "__enter__"):  # an older kvikio set it for good: put it back
+        try:
+            kvikio.defaults.set("compat_mode", previous)
+        except Exception:
+            pass
         return None
     try:
         with ctx:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from lmcache_backend_disk import DiskBackend, aligned_empty
 
-from lmcache_core.cuda_sync import bind_thread, wait_ready
+from lmcache_core.cuda_sync import wait_ready
 from lmcache_core.keys import CacheEngineKey, Namespace
 
 from .device_io import DeviceObjectIO
@@ -93,7 +93,6 @@ class GdsStripe(DiskBackend):
     def _get_into_sync(self, key: CacheEngineKey, out: torch.Tensor) -> bool:
         if out.device.type != "cuda":
             return super()._get_into_sync(key, out)
-        bind_thread(out.device)
         dev = self._device_io
         if dev is None:
             # no kvikio: read into host memory with O_DIRECT, then copy to the device
