@@ -216,11 +216,15 @@ def test_stage_uses_huge_page_tensors_directly(tmp_path: Path) -> None:
         await b.start()
         try:
             val = random_tensor((N,), torch.uint8, seed=4)
-            assert await b.put(_key(1), val)  # torch memory: staged by alignment anyway
+            # torch memory: staged by alignment, or (when torch's allocation happens to
+            # land on a 512-byte boundary in 4 KiB pages) by small_pages: not this test's
+            # subject, so the read's stagings are counted from here
+            assert await b.put(_key(1), val)
+            before = b.stats()["small_page_stagings"]
             taken = record_takes(b)
             assert await b.get_into(_key(1), out)
             assert same_bits(out, val)
-            assert b.stats()["small_page_stagings"] == 0
+            assert b.stats()["small_page_stagings"] == before  # the read: none
             assert max(taken) < 64 * 1024, taken
         finally:
             await b.close()
