@@ -782,13 +782,6 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("nowait_arm"):
         assert first_wait is not None, "no first-poll wait in this version"
         arms.append("onnowait")
-    # Arm 'onsyncg' (--miss-sync-gather-arm): the connector on with its CPU save gathers
-    # on the engine thread (the copier's host_async off), as before the gather thread.
-    copier: Any = getattr(_worker_side(worker), "copier", None)
-    host_async = getattr(copier, "host_async", None)
-    if spec.get("sync_gather_arm"):
-        assert host_async is not None, "no gather thread in this version"
-        arms.append("onsyncg")
     saves: Any = _worker_side(worker).saves
     real_submit = saves.submit
     submits: dict[str, Any] = {}  # arm -> what the worker's saves.submit is in it
@@ -816,7 +809,6 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
         "onnosync": 937,
         "oncpu": 62,
         "onnowait": 312,
-        "onsyncg": 187,
     }
     t_start = time.monotonic()
     rounds = 0
@@ -837,8 +829,6 @@ def _child_toggle(spec: dict[str, Any]) -> dict[str, Any]:
                     t.policy = "none" if arm == "oncpu" else pol
                 if first_wait is not None:
                     lookups.first_wait_s = 0.0 if arm == "onnowait" else first_wait
-                if host_async is not None:
-                    copier.host_async = False if arm == "onsyncg" else host_async
                 for d, o, durable in disk_opts:
                     nosync = arm == "onnosync"
                     d.opts = dataclasses.replace(o, fsync=False) if nosync else o
@@ -1477,7 +1467,6 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         "sys_split": args.miss_sys_split,
         "nosync_arm": args.miss_nosync_arm,
         "cpuonly_arm": args.miss_cpuonly_arm,
-        "sync_gather_arm": args.miss_sync_gather_arm,
         "nowait_arm": args.miss_nowait_arm,
     }
     res = _run_child("toggle", spec, tmp, in_process=True)
@@ -1541,9 +1530,7 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
             sd = [m["saved"] - m["first"] for m in rows["onidle"]]
             print(f"    onidle: saves done {statistics.median(sd) * 1e3:.0f} ms after the outputs")
         for arm in [
-            a
-            for a in ("plan", "gather", "onub", "onnosync", "oncpu", "onnowait", "onsyncg")
-            if a in rows
+            a for a in ("plan", "gather", "onub", "onnosync", "oncpu", "onnowait") if a in rows
         ]:
             xs = [m["first"] for m in rows[arm]]
             print(
@@ -1565,7 +1552,6 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
                 "onnosync",
                 "oncpu",
                 "onnowait",
-                "onsyncg",
                 "off",
             )
             if a in rows
@@ -1863,12 +1849,6 @@ def main() -> int:
         action="store_true",
         help="miss (toggle): arm 'oncpu': the connector on with no write-through to its "
         "lower tiers (their write policy 'none'), paired with 'on' in the same process",
-    )
-    ap.add_argument(
-        "--miss-sync-gather-arm",
-        action="store_true",
-        help="miss (toggle): arm 'onsyncg': the connector on with its CPU save gathers on "
-        "the engine thread (no gather thread), paired with 'on' in the same process",
     )
     ap.add_argument(
         "--miss-unbatched-arm",

@@ -153,14 +153,9 @@ class GroupedCopier:
         return event
 
     def begin_step(self) -> None:
-        """:meth:`.layout.BlockCopier.begin_step` of every group."""
+        """:meth:`.layout.BlockCopier.begin_step` of every group (no-op on CPU)."""
         for c in self.copiers:
             c.begin_step()
-
-    def close(self) -> None:
-        """:meth:`.layout.BlockCopier.close` of every group."""
-        for c in self.copiers:
-            c.close()
 
     def order_before_compute(self, events: Sequence[Any]) -> None:
         """Make the compute stream wait for side-stream copies (no-op on CPU)."""

@@ -13,9 +13,7 @@ A stored chunk is one contiguous tensor ``[num_layers, blocks_per_chunk, *block_
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +27,6 @@ __all__ = [
     "SUPPORTED_LAYOUTS",
     "BlockCopier",
     "GroupLayout",
-    "HostEvent",
     "LayoutInfo",
     "UnrestorableGroups",
     "UnsupportedModel",
@@ -252,51 +249,6 @@ def check_attention_backends(device_type: str, backend_names: dict[str, str]) ->
         )
 
 
-class HostEvent:
-    """The end of a copy running on a host thread, with the two methods of a CUDA event
-    the connector uses: :meth:`query` and :meth:`synchronize` (which, unlike a CUDA
-    event's, raises when the copy failed: its destination holds no chunk)."""
-
-    __slots__ = ("_done", "error")
-
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self.error: BaseException | None = None
-
-    def query(self) -> bool:
-        """Whether the copy has ended (done or failed)."""
-        return self._done.is_set()
-
-    def wait(self) -> None:
-        """Block until the copy has ended, whatever its outcome."""
-        self._done.wait()
-
-    def synchronize(self) -> None:
-        """Block until the copy has ended; raise if it failed."""
-        self._done.wait()
-        if self.error is not None:
-            raise RuntimeError(f"the gather failed: {self.error}") from self.error
-
-    def set(self, error: BaseException | None = None) -> None:
-        self.error = error
-        self._done.set()
-
-
-def _run_copies(
-    copies: list[tuple[int, int, int]], event: HostEvent, keep: tuple[torch.Tensor, ...]
-) -> None:
-    """On the gather thread: ``memmove`` each ``(dst, src, n)``, then end ``event``. ``keep``
-    holds the tensors the addresses point into until the copies are done."""
-    try:
-        for dst, src, n in copies:
-            _memmove(dst, src, n)
-    except BaseException as exc:  # (never expected: the ranges were checked)
-        event.set(exc)
-        raise
-    event.set()
-    del keep
-
-
 class BlockCopier:
     """Gathers whole blocks of every layer into a chunk tensor and scatters them back.
 
@@ -312,10 +264,7 @@ class BlockCopier:
 
     On CUDA, :meth:`gather_to_host` and :meth:`scatter_from_host` run on a side stream
     ordered after the compute stream and return an event; the host buffers should be
-    pinned (:func:`lmcache_core.memory.staging_empty`). On CPU, with :attr:`host_async`
-    set, :meth:`gather_to_host` runs on a thread of its own and returns a
-    :class:`HostEvent`, and :meth:`begin_step` waits for it: the same order as on CUDA,
-    with a host thread for the side stream.
+    pinned (:func:`lmcache_core.memory.staging_empty`).
     """
 
     def __init__(self, caches: Sequence[torch.Tensor], num_blocks: int) -> None:
@@ -350,15 +299,6 @@ class BlockCopier:
         self._scatter_stream: Any = None
         self._last_gather: Any = None
         self._compute_mark: Any = None
-        #: CPU: :meth:`gather_to_host` copies on a thread of its own (one, so gathers end
-        #: in the order they were issued) and returns a :class:`HostEvent`. The engine
-        #: thread then goes on with the step's Python work (sampling, scheduling the next
-        #: step) while the other core copies, instead of copying after the forward pass
-        #: with that core idle; :meth:`begin_step` waits for the copies before the next
-        #: step writes any block. Off by default (the connector's worker turns it on).
-        self.host_async = False
-        self._host_pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._host_lock = threading.Lock()
         n = self.num_layers * first_numel(self.block_shape)
         self._block_nbytes = n * torch.empty((), dtype=self.dtype).element_size()
 
@@ -505,14 +445,8 @@ class BlockCopier:
         freed and rewritten from this step on: a finished request's, a sliding window's),
         and this step's mark is recorded on it, after which this step's scatters run (they
         may come from helper threads, whose current stream is not vLLM's compute stream).
-        Both waits are on the device; the engine thread does not block.
-
-        On CPU the engine thread waits here for the host gathers issued so far
-        (:attr:`host_async`): the next step's loads and forward pass start after them."""
+        Both waits are on the device; the engine thread does not block."""
         if self._on_cpu:
-            last, self._last_gather = self._last_gather, None
-            if last is not None:
-                last.wait()  # (a failed gather fails its store, not the step)
             return
         current = torch.cuda.current_stream(self.device)
         if self._last_gather is not None:
@@ -526,13 +460,9 @@ class BlockCopier:
     ) -> Any:
         """:meth:`gather` into a host buffer; on CUDA it runs on a side stream after the
         work queued so far and returns an event to wait on before reading ``out``
-        (``None``: the copy is done). On CPU with :attr:`host_async`, on the gather
-        thread, returning a :class:`HostEvent` (``out`` must stay untouched until it
-        ends)."""
+        (``None``: the copy is done)."""
         _no_others(others)
         if self._on_cpu:
-            if self.host_async and self._memmove_scatters and self._memmove_source(out):
-                return self._gather_on_thread(block_ids, out)
             self.gather(block_ids, out)
             return None
         n = len(block_ids)
@@ -549,46 +479,6 @@ class BlockCopier:
             event.record(stream)
         self._last_gather = event
         return event
-
-    def _gather_on_thread(self, block_ids: Sequence[int], out: torch.Tensor) -> Any:
-        """Queue the gather into ``out`` on the gather thread as one ``memmove`` per run of
-        consecutive blocks and layer (checked here, on the calling thread); returns its
-        :class:`HostEvent` (``None``: nothing to copy)."""
-        n = len(block_ids)
-        if n == 0:
-            return None
-        self._check_range(block_ids)
-        if n > out.shape[1]:
-            raise ValueError(f"{n} blocks do not fit a buffer of {out.shape[1]}")
-        combined = self.combined
-        assert combined is not None
-        esize = combined.element_size()
-        block = first_numel(self.block_shape) * esize  # bytes of one block of one layer
-        s_base, s_layer = combined.data_ptr(), combined.stride(0) * esize
-        d_base, d_layer = out.data_ptr(), out.stride(0) * esize
-        copies = [
-            (d_base + layer * d_layer + j * block, s_base + layer * s_layer + b * block, k * block)
-            for j, b, k in block_runs(block_ids)
-            for layer in range(self.num_layers)
-        ]
-        event = HostEvent()
-        with self._host_lock:
-            if self._host_pool is None:
-                self._host_pool = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="lmcache-gather"
-                )
-            self._host_pool.submit(_run_copies, copies, event, (combined, out))
-        self._last_gather = event
-        return event
-
-    def close(self) -> None:
-        """Wait for the host gathers still running and stop their thread (the cache's
-        memory may go once this returns)."""
-        with self._host_lock:
-            pool, self._host_pool = self._host_pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
-        self._last_gather = None
 
     def scatter_from_host(
         self, src: torch.Tensor, block_ids: Sequence[int], others: Sequence[Sequence[int]] = ()

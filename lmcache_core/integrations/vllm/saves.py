@@ -5,8 +5,7 @@ reserved for the chunk (recycled memory the tier keeps:
 :meth:`~lmcache_core.hierarchy.tiered.TieredHierarchy.reserve_in_top_threadsafe`), else a
 staging buffer (none free: the save is dropped and counted, never waited for), gathers
 the chunk's blocks of every layer into it (one copy per chunk; on CUDA an asynchronous
-copy on a side stream, on CPU one on the copier's gather thread, both waited for before
-the next step writes any block)
+copy on a side stream)
 and hands the step's stores to the storage's IO loop in one call (a hand-over to another
 thread costs ~0.3 ms here: one per step, not one per chunk). The step returns; the store into the
 first tier and the write-through to lower tiers run meanwhile. A chunk counts as stored
@@ -37,7 +36,7 @@ from ...cuda_sync import bind_thread, wait_ready
 from ...hierarchy.tiered import Reservation
 from ...keys import CacheEngineKey
 from .group_copier import GroupedCopier
-from .layout import BlockCopier, HostEvent
+from .layout import BlockCopier
 from .staging import ChunkBuffers
 from .storage import Storage
 
@@ -192,9 +191,7 @@ class SaveQueue:
     ) -> None:
         ok, extra = False, None
         try:
-            if isinstance(event, HostEvent) and event.query():
-                event.synchronize()  # (ended: no thread hop; raises if the gather failed)
-            elif event is not None:
+            if event is not None:
                 await asyncio.to_thread(wait_ready, event, self.copier.device)
             t0 = time.perf_counter()
             if res is not None:
@@ -292,14 +289,10 @@ class SaveQueue:
         return False
 
     def wait_gathers(self) -> None:
-        """Block until every gather issued so far is complete (a failed one fails its
-        store, not this call)."""
+        """Block until every gather issued so far is complete (no-op on CPU)."""
         for events in self._events.values():
             for ev in events:
-                if isinstance(ev, HostEvent):
-                    ev.wait()
-                else:
-                    ev.synchronize()
+                ev.synchronize()
         self._events.clear()
 
     def drain(self, timeout: float) -> int:

@@ -180,9 +180,6 @@ class WorkerSide:
                 )
             else:
                 self.copier = BlockCopier([kv_caches[n] for n in layers], num_blocks)
-                # (CPU: gathers on a thread of their own, waited for at the next step's
-                # start; a no-op on CUDA, whose gathers run on a side stream)
-                self.copier.host_async = True
                 per_layer = self.copier.views
                 if ctx.settings.options.layerwise_loads and LayerCopies.usable(per_layer):
                     self.layer_copies = LayerCopies(layers, per_layer)
@@ -888,8 +885,6 @@ class WorkerSide:
         if self.saves is not None and self.storage is not None:
             self.counters.dropped_at_close += self.saves.drain(self.storage.drain_timeout_s)
             self._collect_stores()
-        if self.copier is not None:
-            self.copier.close()  # (no gather thread reads the cache after this)
         self.write_stats()
         if self.storage is not None:
             self.storage.close()
