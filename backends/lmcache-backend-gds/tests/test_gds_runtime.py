@@ -171,6 +171,23 @@ def test_gds_is_claimed_only_where_cufile_takes_the_directory(
     assert os.listdir(tmp_path) == []
 
 
+def test_without_kvikio_the_posix_path_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(``make venv`` installs kvikio, so its absence is simulated here.)"""
+
+    def missing() -> None:
+        raise ImportError("No module named 'kvikio'")
+
+    monkeypatch.setattr(runtime, "import_kvikio", missing)
+    path = runtime.probe(str(tmp_path))
+    assert path.mode == "posix", path
+    assert "kvikio is not installed (No module named 'kvikio')" in path.reason, path
+    assert "pip install './backends/lmcache-backend-gds[kvikio]'" in path.reason, path
+    stats = _start_stop(GdsBackend({"path": str(tmp_path / "t")}))
+    assert stats["io_path"] == "posix" and "kvikio is not installed" in str(stats["io_path_reason"])
+
+
 @pytest.mark.skipif(not _kvikio_importable(), reason="kvikio is not installed (optional extra)")
 def test_real_kvikio_without_a_gpu_falls_back(tmp_path: Path) -> None:
     if torch.cuda.is_available():
