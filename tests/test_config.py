@@ -487,3 +487,18 @@ def test_resolved_classes_take_their_defaults_from_the_schema():
     for f in dataclasses.fields(WriteSettings):
         key = "write_policy" if f.name == "policy" else f.name
         assert resolved[key] == f.default, f.name
+
+
+def test_the_pages_first_example_loads() -> None:
+    """docs/configuration.md opens with a full configuration: it must load as written
+    (the real disk and s3 backends validate their options)."""
+    pytest.importorskip("lmcache_backend_disk", reason="lmcache-backend-disk is not installed")
+    pytest.importorskip("lmcache_backend_s3", reason="lmcache-backend-s3 is not installed")
+    text = DOCS.read_text(encoding="utf-8")
+    block = re.search(r"```yaml\n(.*?)```", text, flags=re.S)
+    assert block is not None
+    env = {"LMCACHE_SALT": "s", "S3_KEY_ID": "k", "S3_SECRET": "x"}
+    cfg = load_config(yaml.safe_load(block.group(1)), environ=env)
+    assert [t.name for t in cfg.tiers] == ["hot", "warm", "shared"]
+    assert [t.backend for t in cfg.tiers] == ["cpu", "disk", "s3"]
+    assert cfg.tiers[2].write_policy == "through" and cfg.tiers[2].admit_after == 2

@@ -69,7 +69,10 @@ _BLEND = "CacheBlend (reuse of non-prefix chunks) is not provided: only prefixes
 _CTRL = "LMCache's controller is not provided; `lmcache-core inspect` shows what tiers hold"
 _API = "LMCache's internal API server is not provided; `lmcache-core inspect` reads the tiers"
 _MEM = "LMCache's own allocator; lmcache-core's cpu tier allocates per chunk"
-_GDS = "GPUDirect Storage is not provided here (the disk tier reads into host memory)"
+_GDS = (
+    "not translated: configure a `gds` tier on that directory instead (lmcache-backend-gds, "
+    "docs/backends/gds.md)"
+)
 _PLUG = "lmcache-core plugins are pip-installed distributions found through entry points"
 _HS = "hidden-state caching is not provided"
 _STATS = "chunk statistics are not provided; `lmcache-core inspect` reports per-tier figures"
@@ -116,9 +119,16 @@ LMCACHE_KEYS: tuple[LMCacheKey, ...] = (
         "naive",
         MAPPED,
         "`naive`: lmcache-core's own object format",
-        "`cachegen` (lossy compression) is not provided",
+        "`cachegen` is not translated: give the tier a codec instead (`codec: cachegen`, "
+        "the lmcache-codec-cachegen plugin; docs/codecs.md)",
     ),
-    _k("use_layerwise", False, UNSUPPORTED, why="layer-by-layer loads and saves"),
+    _k(
+        "use_layerwise",
+        False,
+        UNSUPPORTED,
+        why="layer-by-layer saves; loads on CPU are layer by layer already (the connector's "
+        "`layerwise_loads`, on by default)",
+    ),
     _k("save_decode_cache", False, MAPPED, "connector option `save_decode_chunks`"),
     _k(
         "pre_caching_hash_algorithm",
@@ -480,7 +490,13 @@ def from_lmcache(
     storage["hash_algorithm"] = "sha256" if algo.startswith("sha256") else "xxh3_128"
     serde = get("remote_serde")
     if serde not in (None, "naive"):
-        notes.append(("remote_serde", f"{serde!r}: lossy codecs are not provided"))
+        notes.append(
+            (
+                "remote_serde",
+                f"{serde!r} is not translated: give the tier a codec (e.g. `codec: cachegen`, "
+                "docs/codecs.md)",
+            )
+        )
     policy = str(get("cache_policy")).upper()
     if policy != "LRU":
         notes.append(("cache_policy", f"{policy}: every tier evicts least recently used"))

@@ -14,8 +14,8 @@
         load_deadline_ms: 200
       - name: shared
         backend: s3://bucket/kv            # a URL: the scheme picks the backend, fills `url`
-        options: {secret_key: {$env: S3_SECRET}}
-        write: {policy: back, admit_after: 2}
+        options: {secret_access_key: {$env: S3_SECRET}}
+        write: {policy: through, admit_after: 2}
 
 The fields, their defaults and their documentation are declared once, in :mod:`.schema`;
 ``docs/configuration.md`` embeds the tables :mod:`.reference` generates from them (a test

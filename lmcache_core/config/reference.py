@@ -25,7 +25,7 @@ def _table(cls: type[Any], prefix: str = "") -> str:
         default = o["default_text"]
         if isinstance(o["default"], bool):
             default = str(o["default"]).lower()
-        if o["name"] == "tiers":
+        if o["name"] == "tiers" and not prefix:
             default = "one cpu tier"
         elif o["name"] in ("namespace", "placement") and not prefix:
             kind = "dict or str"

@@ -53,7 +53,8 @@ class ConnectorOptions:
     model_name: str | None = option(
         None,
         kind="str",
-        doc="Model name in keys (default: hub repo id, else the model directory's name).",
+        doc="Model name in keys (default: vLLM's served_model_name when set, else the hub "
+        "repo id, else the model directory's name).",
     )
     model_revision: str | None = option(
         None,
