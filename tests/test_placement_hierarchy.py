@@ -249,3 +249,21 @@ def test_observe_prefix_tells_the_policy_the_chain_and_each_access_from_any_thre
             plain.observe_prefix(keys)  # nothing to tell, nothing raised
 
     run_async(body())
+
+
+def test_a_promotion_the_policy_refuses_counts_as_not_admitted() -> None:
+    a, b = make_key("qa"), make_key("qb")
+    cfg = config(8, {"policy": "cost"})
+    cfg["tiers"].append({"name": "low", "backend": "cpu", "options": {"max_bytes": 1 << 24}})
+
+    async def body() -> None:
+        async with TieredHierarchy.from_config(cfg) as h:
+            await h.lookup_prefix([a, b])  # the policy learns the chain a -> b
+            assert await h.tier("low").backend.put(b, chunk(1))  # b only in the lower tier
+            out = torch.empty(CHUNK, dtype=torch.uint8)
+            assert await h.get_into(b, out)  # served by 'low'; a is not in 'cpu'
+            await h.flush()
+            assert h.tier("cpu").stats.not_admitted == 1  # the promotion was refused
+            assert not await h.tier("cpu").backend.contains(b)
+
+    run_async(body())
