@@ -379,10 +379,16 @@ class Tier:
     def admits(self, key: CacheEngineKey, nbytes: int = 0) -> bool:
         """Record a sighting of ``key`` and say whether this tier's admission lets it in:
         ``admit_after``, then the placement policy (if any) for a chunk of ``nbytes``."""
-        if self.sightings.admit(key):
-            pl = self.placement
-            if pl is None or pl.admits(key, nbytes):
-                return True
+        if not self.sightings.admit(key):
+            self.stats.not_admitted += 1
+            return False
+        return self.placement_admits(key, nbytes)
+
+    def placement_admits(self, key: CacheEngineKey, nbytes: int = 0) -> bool:
+        """The placement policy's admission alone (a promotion's: it counts no
+        ``admit_after`` sighting); a refusal counts in ``not_admitted``."""
+        if self.placement is None or self.placement.admits(key, nbytes):
+            return True
         self.stats.not_admitted += 1
         return False
 

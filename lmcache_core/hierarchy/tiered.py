@@ -683,7 +683,7 @@ class TieredHierarchy(BaseBackend):
             t
             for t in self.tiers[: src.index]
             if (t.index == 0 or t.policy == "through")
-            and self._placement_admits(t, key, nbytes)
+            and t.placement_admits(key, nbytes)
             and t.accepting()
         ]
         if not targets:
@@ -696,15 +696,6 @@ class TieredHierarchy(BaseBackend):
         for t in targets:
             t.enqueue(key, chunk, "promote", on_top_stored if t.index == 0 else None)
         chunk.release()
-
-    @staticmethod
-    def _placement_admits(t: Tier, key: CacheEngineKey, nbytes: int) -> bool:
-        """A promotion's admission into ``t``: its placement policy only (a promotion
-        counts no ``admit_after`` sighting); a refusal counts in ``not_admitted``."""
-        if t.placement is None or t.placement.admits(key, nbytes):
-            return True
-        t.stats.not_admitted += 1
-        return False
 
     async def _promote_reserved(
         self,
