@@ -64,8 +64,10 @@ import asyncio
 import dataclasses
 import itertools
 import json
+import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -1443,33 +1445,116 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
     if args.miss_design == "engines":
         scenario_miss_engines(args, base, tmp)
         return
-    spec = {
-        **base,
-        # (the toggle reads the worker's counters in-process: no statistics file, as
-        # the connector runs by default, unless --miss-stats-file)
-        "ktc": _ktc(
-            _miss_storage(args, tmp, "kv-miss"),
-            tmp / "stats-miss" if args.miss_stats_file else None,
-            **({} if args.miss_nice is None else {"copy_nice": args.miss_nice}),
-        ),
-        "nice": args.miss_nice,
-        "tokens": args.miss_tokens,
-        "batch_tokens": args.batch_tokens,
-        "reps": args.miss_reps,
-        "min_reps": args.miss_min_reps,
-        "budget_s": args.miss_budget_s,
-        "ttft_per_round": args.miss_ttft_per_round,
-        "on0": args.miss_on0,
-        "idle_arm": args.miss_idle_arm,
-        "split_arms": args.miss_split_arms,
-        "unbatched_arm": args.miss_unbatched_arm,
-        "warm_batches": args.miss_warm_batches,
-        "sys_split": args.miss_sys_split,
-        "nosync_arm": args.miss_nosync_arm,
-        "cpuonly_arm": args.miss_cpuonly_arm,
-        "nowait_arm": args.miss_nowait_arm,
-    }
-    res = _run_child("toggle", spec, tmp, in_process=True)
+    n = args.miss_processes
+    results: list[dict[str, Any]] = []
+    for i in range(n):
+        name = "kv-miss" if n == 1 else f"kv-miss-p{i}"
+        spec = {
+            **base,
+            # (the toggle reads the worker's counters in-process: no statistics file, as
+            # the connector runs by default, unless --miss-stats-file)
+            "ktc": _ktc(
+                _miss_storage(args, tmp, name),
+                tmp / f"stats-{name}" if args.miss_stats_file else None,
+                **({} if args.miss_nice is None else {"copy_nice": args.miss_nice}),
+            ),
+            "nice": args.miss_nice,
+            "tokens": args.miss_tokens,
+            "batch_tokens": args.batch_tokens,
+            "reps": args.miss_reps,
+            "min_reps": args.miss_min_reps,
+            "budget_s": args.miss_budget_s,
+            "ttft_per_round": args.miss_ttft_per_round,
+            "on0": args.miss_on0,
+            "idle_arm": args.miss_idle_arm,
+            "split_arms": args.miss_split_arms,
+            "unbatched_arm": args.miss_unbatched_arm,
+            "warm_batches": args.miss_warm_batches,
+            "sys_split": args.miss_sys_split,
+            "nosync_arm": args.miss_nosync_arm,
+            "cpuonly_arm": args.miss_cpuonly_arm,
+            "nowait_arm": args.miss_nowait_arm,
+        }
+        res = _run_child("toggle", spec, tmp, in_process=True, tag="" if n == 1 else f"-p{i}")
+        shutil.rmtree(tmp / name, ignore_errors=True)  # GBs of write-through per process
+        if n > 1:
+            print(f"== engine process {i + 1} of {n} ==")
+        _print_toggle(args, res)
+        results.append(res)
+        sys.stdout.flush()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results[0] if n == 1 else results))
+    if n > 1:
+        _print_across_processes(results, 1.05)
+
+
+# Two-sided 95% quantiles of Student's t by degrees of freedom; between and beyond the
+# rows, the row below is used (fewer degrees of freedom: a slightly wider interval).
+_T975 = {
+    1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+    9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120,
+    17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042,
+}  # fmt: skip
+
+
+def _t975(df: int) -> float:
+    return _T975[max(k for k in _T975 if k <= max(df, 1))]
+
+
+def _mean_ci_log(xs: list[float]) -> tuple[float, float, float]:
+    """Geometric mean of the ratios ``xs`` and its 95% Student-t interval (on logs): the
+    interval of the mean over independent units (engine processes), which is valid however
+    much the units differ from each other; needs two or more."""
+    logs = [math.log(x) for x in xs]
+    m = statistics.fmean(logs)
+    half = _t975(len(xs) - 1) * statistics.stdev(logs) / math.sqrt(len(xs))
+    return math.exp(m), math.exp(m - half), math.exp(m + half)
+
+
+def _toggle_ratios(res: dict[str, Any], what: str) -> tuple[list[float], list[float]]:
+    """Per round of one toggle run: ``on / sqrt(off * off2)`` and the A/A ``off2 / off``."""
+    rows = res[what]
+    on = [m["first"] for m in rows["on"]]
+    off = [m["first"] for m in rows["off"]]
+    off2 = [m["first"] for m in rows["off2"]]
+    base_ = [(a * b) ** 0.5 for a, b in zip(off, off2, strict=True)]
+    return (
+        [c / b for c, b in zip(on, base_, strict=True)],
+        [b / a for a, b in zip(off, off2, strict=True)],
+    )
+
+
+def _print_across_processes(results: list[dict[str, Any]], target: float) -> None:
+    """The miss bars over engine processes. The ratio of unchanged code moves from one
+    engine process to the next by more than one run's interval (docs/performance.md), so
+    one process's bootstrap interval understates the uncertainty; here each process is one
+    sample (the median of its rounds' ratios) and the interval is Student's t over them."""
+    n = len(results)
+    print(f"across {n} engine processes (each one sample: the median of its rounds' ratios;")
+    print("  geometric mean with a 95% Student-t interval over processes):")
+    for what in ("ttft", "batch"):
+        meds, aas = [], []
+        for res in results:
+            ratios, aa = _toggle_ratios(res, what)
+            meds.append(statistics.median(ratios))
+            aas.append(statistics.median(aa))
+        m, lo, hi = _mean_ci_log(meds)
+        am, alo, ahi = _mean_ci_log(aas)
+        word = "met" if hi <= target else "not met" if lo > target else "within noise"
+        if not alo <= 1.0 <= ahi:
+            word = "within noise (the A/A interval excludes 1)"
+        print(
+            f"  {what:<5} on / off per process: {', '.join(f'{x:.3f}' for x in meds)}x; "
+            f"A/A per process: {', '.join(f'{x:.3f}' for x in aas)}x"
+        )
+        print(
+            f"        on / off {m:.3f}x, 95% CI {lo:.3f}-{hi:.3f}x; A/A {am:.3f}x, 95% CI "
+            f"{alo:.3f}-{ahi:.3f}x; target <= {target}x: {word}"
+        )
+
+
+def _print_toggle(args: argparse.Namespace, res: dict[str, Any]) -> None:
+    """One toggle run's report (one engine process)."""
     print(
         f"miss ({args.miss_tiers} tiers), one in-process engine, the connector's work switched "
         f"on / off / off again (A/A) in random order per round ({res['rounds']} rounds; copy "
@@ -1482,8 +1567,6 @@ def scenario_miss(args: argparse.Namespace, base: dict[str, Any], tmp: Path) -> 
         "measurement ends once its saves are in every tier"
     )
     print(f"  code: {', '.join(res.get('code', []))}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(res))
     st = res.get("stats") or {}
     print(
         f"  saves: {st.get('gathered_chunks')} chunks gathered, {st.get('gathered_into_tier')} "
@@ -1870,6 +1953,14 @@ def main() -> int:
     )
     ap.add_argument("--json", metavar="FILE", help="miss: write every sample to FILE")
     ap.add_argument("--miss-reps", type=int, default=30, help="miss: most rounds")
+    ap.add_argument(
+        "--miss-processes",
+        type=int,
+        default=1,
+        help="miss (toggle design): run the toggle in this many fresh engine processes, "
+        "one after another (--miss-budget-s and the rounds apply to each), and give the "
+        "bars over processes: each process one sample, a Student-t interval over them",
+    )
     ap.add_argument("--miss-min-reps", type=int, default=16, help="miss: fewest rounds")
     ap.add_argument(
         "--miss-budget-s",
@@ -1881,6 +1972,10 @@ def main() -> int:
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.miss_processes < 1:
+        ap.error("--miss-processes must be 1 or more")
+    if args.miss_processes > 1 and args.miss_design == "engines":
+        ap.error("--miss-processes applies to the toggle design only")
     if args.child:
         spec = json.loads(Path(args.spec).read_text())
         if args.child in ("serve", "hitserve"):
