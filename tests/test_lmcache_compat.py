@@ -69,6 +69,29 @@ EXPECTED: dict[str, tuple[dict[str, Any], dict[str, Any], list[str]]] = {
         {"save_decode_chunks": True},
         [],
     ),
+    "gds.yaml": (
+        {
+            "chunk_size": 256,
+            "hash_algorithm": "xxh3_128",
+            "tiers": [
+                {"name": "cpu", "backend": "cpu", "options": {"max_bytes": "4GiB"}},
+                {
+                    "name": "disk",
+                    "backend": "disk",
+                    "options": {"path": "/tmp/lmcache/disk", "max_bytes": "8GiB"},
+                    "write": THROUGH,
+                },
+                {
+                    "name": "gds",
+                    "backend": "gds",
+                    "options": {"paths": ["/mnt/nvme0/lmcache", "/mnt/nvme1/lmcache"]},
+                    "write": THROUGH,
+                },
+            ],
+        },
+        {},
+        ["gds_path"],
+    ),
     "s3_remote.yaml": (
         {
             "chunk_size": 512,
@@ -171,11 +194,19 @@ def test_printed_yaml_reloads_to_the_same_tiers(
     reloaded = load_config(native)
     direct = load_config(EXPECTED[name][0])
     assert _tiers(reloaded) == _tiers(direct)
-    sizes = {"5GiB": 5 * GIB, "2GiB": 2 * GIB, "20GiB": 20 * GIB, GIB // 2: GIB // 2}
+    sizes = {
+        "5GiB": 5 * GIB,
+        "4GiB": 4 * GIB,
+        "2GiB": 2 * GIB,
+        "8GiB": 8 * GIB,
+        "20GiB": 20 * GIB,
+        GIB // 2: GIB // 2,
+    }
     for got, want in zip(_tiers(reloaded), EXPECTED[name][0]["tiers"], strict=True):
         assert (got["name"], got["write"]["policy"]) == (want["name"], "through")
         for opt, value in want.get("options", {}).items():
-            assert got["options"][opt] == sizes.get(value, value), (opt, got["options"])
+            want_value = sizes.get(value, value) if isinstance(value, (str, int)) else value
+            assert got["options"][opt] == want_value, (opt, got["options"])
     assert (reloaded.chunk_size, reloaded.hash_algorithm) == (
         direct.chunk_size,
         direct.hash_algorithm,
@@ -229,6 +260,39 @@ def test_unknown_keys_aliases_and_bad_values() -> None:
     tr = from_lmcache({"local_disk": "/tmp/x", "max_local_disk_size": 0})
     assert [t["name"] for t in tr.storage["tiers"]] == ["cpu"]
     assert [k for k, _ in tr.not_honoured] == ["local_disk"]
+
+
+def test_gds_path_becomes_a_gds_tier() -> None:
+    # one directory: `path`; use_gds false: the POSIX path; the tier evicts (LMCache's
+    # never does), which the warning says
+    tr = from_lmcache({"local_cpu": False, "gds_path": "file:///mnt/nvme0/kv", "use_gds": False})
+    assert tr.storage["tiers"] == [
+        {
+            "name": "gds",
+            "backend": "gds",
+            "options": {"path": "/mnt/nvme0/kv", "force_posix": True},
+            "write": THROUGH,
+        }
+    ]
+    assert [k for k, _ in tr.not_honoured] == ["gds_path"]
+    assert "never evicts" in (tr.warning() or "")
+    # below the disk tier and above a remote one, as LMCache orders its backends
+    tr = from_lmcache(
+        {
+            "local_disk": "/d",
+            "max_local_disk_size": 1,
+            "gds_path": "/g",
+            "remote_url": "s3://bucket",
+            "gds_backend": "hipfile",
+        }
+    )
+    assert [t["name"] for t in tr.storage["tiers"]] == ["cpu", "disk", "gds", "remote"]
+    assert [k for k, _ in tr.not_honoured] == ["gds_backend", "gds_path"]
+    # the defaults of the gds keys alone select nothing
+    tr = from_lmcache({"gds_path_sharding": "by_gpu", "use_gds": True, "gds_backend": "cufile"})
+    assert [t["name"] for t in tr.storage["tiers"]] == ["cpu"] and not tr.not_honoured
+    with pytest.raises(ConfigError):
+        from_lmcache({"local_cpu": False, "gds_path": " , "})
 
 
 def test_the_table_covers_every_key_once_and_the_docs_embed_it() -> None:

@@ -7,8 +7,9 @@ it, as in LMCache). :func:`from_lmcache` turns such a document into
 
 * ``storage``: an lmcache-core configuration (:func:`lmcache_core.config.load_config`
   schema): ``chunk_size``, ``hash_algorithm`` and the tiers (``local_cpu`` -> a ``cpu``
-  tier, ``local_disk`` -> a ``disk`` tier written through, ``remote_url`` ``s3://`` /
-  ``fs://`` -> an ``s3`` / ``disk`` tier);
+  tier, ``local_disk`` -> a ``disk`` tier written through, ``gds_path`` -> a ``gds``
+  tier written through, ``remote_url`` ``s3://`` / ``fs://`` -> an ``s3`` / ``disk``
+  tier);
 * ``connector``: options of the vLLM connector (``save_decode_cache`` ->
   ``save_decode_chunks``, ``lookup_timeout_ms`` -> ``lookup_deadline_ms``);
 * ``not_honoured``: the keys set to something lmcache-core does not do, with the reason
@@ -69,9 +70,9 @@ _BLEND = "CacheBlend (reuse of non-prefix chunks) is not provided: only prefixes
 _CTRL = "LMCache's controller is not provided; `lmcache-core inspect` shows what tiers hold"
 _API = "LMCache's internal API server is not provided; `lmcache-core inspect` reads the tiers"
 _MEM = "LMCache's own allocator; lmcache-core's cpu tier allocates per chunk"
-_GDS = (
-    "not translated: configure a `gds` tier on that directory instead (lmcache-backend-gds, "
-    "docs/backends/gds.md)"
+_GDS_EVICTS = (
+    "LMCache's gds backend never evicts; the `gds` tier evicts least recently used chunks "
+    "beyond its max_bytes (16 GiB unless set)"
 )
 _PLUG = "lmcache-core plugins are pip-installed distributions found through entry points"
 _HS = "hidden-state caching is not provided"
@@ -190,13 +191,32 @@ LMCACHE_KEYS: tuple[LMCacheKey, ...] = (
     _k("nixl_backends", None, UNSUPPORTED, why=_PD),
     _k("nixl_buffer_size", None, UNSUPPORTED, why=_PD),
     _k("nixl_buffer_device", None, UNSUPPORTED, why=_PD),
-    _k("gds_path", None, UNSUPPORTED, why=_GDS),
-    _k("gds_path_sharding", "by_gpu", IGNORED, why="applies to gds_path only"),
-    _k("gds_buffer_size", None, UNSUPPORTED, why=_GDS),
+    _k(
+        "gds_path",
+        None,
+        MAPPED,
+        "a `gds` tier (lmcache-backend-gds, docs/backends/gds.md) on that directory, below "
+        "the disk tier, written through; several comma-separated directories become its "
+        "`paths`, striped by key",
+        _GDS_EVICTS + " (said in the warning)",
+    ),
+    _k(
+        "gds_path_sharding",
+        "by_gpu",
+        IGNORED,
+        why="LMCache gives each GPU one of the directories; the `gds` tier stripes every "
+        "rank's chunks over all of them by key",
+    ),
+    _k("gds_buffer_size", None, IGNORED, why="kvikio manages cuFile's buffers"),
     _k("maru_path", None, UNSUPPORTED, why="LMCache's Maru shared-memory store is not provided"),
     _k("maru_pool_size", 4.0, UNSUPPORTED, why="LMCache's Maru store is not provided"),
-    _k("use_gds", True, IGNORED, why="applies to gds_path only"),
-    _k("gds_backend", "cufile", IGNORED, why="applies to gds_path only"),
+    _k("use_gds", True, MAPPED, "the `gds` tier's `force_posix` (use_gds false: true)"),
+    _k(
+        "gds_backend",
+        "cufile",
+        UNSUPPORTED,
+        why="the `gds` tier uses cuFile through kvikio, or its POSIX path",
+    ),
     _k("audit_actual_remote_url", None, UNSUPPORTED, why="LMCache's audit connector"),
     _k("internal_api_server_host", "127.0.0.1", IGNORED, why=_API),
     _k(
@@ -537,6 +557,25 @@ def from_lmcache(
             )
             if len(paths) > 1:
                 notes.append(("local_disk", f"only {paths[0]} is used, not {', '.join(paths[1:])}"))
+    gds = get("gds_path")
+    if gds:
+        gds_paths = [p.strip() for p in str(gds).split(",") if p.strip()]
+        gds_paths = [p[len("file://") :] if p.startswith("file://") else p for p in gds_paths]
+        if gds_paths:
+            gds_options: dict[str, Any] = (
+                {"path": gds_paths[0]} if len(gds_paths) == 1 else {"paths": gds_paths}
+            )
+            if not _bool(get("use_gds"), "use_gds"):
+                gds_options["force_posix"] = True
+            tiers.append(
+                {
+                    "name": "gds",
+                    "backend": "gds",
+                    "options": gds_options,
+                    "write": {"policy": "through"},
+                }
+            )
+            notes.append(("gds_path", _GDS_EVICTS))
     url = get("remote_url")
     if url:
         extra = get("extra_config") or {}
@@ -553,7 +592,7 @@ def from_lmcache(
     if not tiers:
         raise ConfigError(
             "the LMCache configuration selects no storage lmcache-core provides "
-            "(local_cpu false, no local_disk, no s3:// or fs:// remote_url)",
+            "(local_cpu false, no local_disk, no gds_path, no s3:// or fs:// remote_url)",
             "local_cpu",
         )
     storage["tiers"] = tiers
