@@ -968,6 +968,15 @@ def _worker_side(connector: object) -> WorkerSide:
     return cast("WorkerSide", side)
 
 
+def _verdict_word(lo: float, hi: float, alo: float, ahi: float, target: float) -> str:
+    """``met`` / ``not met`` when the ratio's interval ``lo-hi`` lies on one side of the
+    target, else ``within noise``; ``within noise`` too when the A/A interval ``alo-ahi``
+    excludes 1."""
+    if not alo <= 1.0 <= ahi:
+        return "within noise (the A/A interval excludes 1)"
+    return "met" if hi <= target else "not met" if lo > target else "within noise"
+
+
 def _verdict(ratio: list[float], aa: list[float], target: float) -> str:
     """``met`` / ``not met`` when the median's 95% interval lies on one side of the
     target, else ``within noise``; also ``within noise`` when the A/A median's interval
@@ -976,9 +985,7 @@ def _verdict(ratio: list[float], aa: list[float], target: float) -> str:
     speeds), and no verdict at the target's scale holds."""
     med, lo, hi = _median_ci(ratio)
     amed, alo, ahi = _median_ci(aa, seed=1)
-    word = "met" if hi <= target else "not met" if lo > target else "within noise"
-    if not alo <= 1.0 <= ahi:
-        word = "within noise (the A/A interval excludes 1)"
+    word = _verdict_word(lo, hi, alo, ahi, target)
     return (
         f"median {med:.3f}x, 95% CI {lo:.3f}-{hi:.3f}x (per-pair {_spread(ratio)}); "
         f"A/A median {amed:.3f}x, 95% CI {alo:.3f}-{ahi:.3f}x (per-pair {_spread(aa)}); "
@@ -1540,9 +1547,7 @@ def _print_across_processes(results: list[dict[str, Any]], target: float) -> Non
             aas.append(statistics.median(aa))
         m, lo, hi = _mean_ci_log(meds)
         am, alo, ahi = _mean_ci_log(aas)
-        word = "met" if hi <= target else "not met" if lo > target else "within noise"
-        if not alo <= 1.0 <= ahi:
-            word = "within noise (the A/A interval excludes 1)"
+        word = _verdict_word(lo, hi, alo, ahi, target)
         print(
             f"  {what:<5} on / off per process: {', '.join(f'{x:.3f}' for x in meds)}x; "
             f"A/A per process: {', '.join(f'{x:.3f}' for x in aas)}x"
