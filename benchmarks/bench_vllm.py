@@ -1518,14 +1518,17 @@ def _mean_ci_log(xs: list[float]) -> tuple[float, float, float]:
     return math.exp(m), math.exp(m - half), math.exp(m + half)
 
 
-def _toggle_ratios(res: dict[str, Any], what: str) -> tuple[list[float], list[float]]:
-    """Per round of one toggle run: ``on / sqrt(off * off2)`` and the A/A ``off2 / off``."""
-    rows = res[what]
+def _toggle_ratios(
+    rows: dict[str, list[dict[str, Any]]],
+) -> tuple[list[float], list[float], list[float]]:
+    """Per round of one toggle run's ``ttft`` or ``batch`` rows: the baseline
+    ``sqrt(off * off2)``, ``on`` over it, and the A/A ``off2 / off``."""
     on = [m["first"] for m in rows["on"]]
     off = [m["first"] for m in rows["off"]]
     off2 = [m["first"] for m in rows["off2"]]
     base_ = [(a * b) ** 0.5 for a, b in zip(off, off2, strict=True)]
     return (
+        base_,
         [c / b for c, b in zip(on, base_, strict=True)],
         [b / a for a, b in zip(off, off2, strict=True)],
     )
@@ -1542,7 +1545,7 @@ def _print_across_processes(results: list[dict[str, Any]], target: float) -> Non
     for what in ("ttft", "batch"):
         meds, aas = [], []
         for res in results:
-            ratios, aa = _toggle_ratios(res, what)
+            _, ratios, aa = _toggle_ratios(res[what])
             meds.append(statistics.median(ratios))
             aas.append(statistics.median(aa))
         m, lo, hi = _mean_ci_log(meds)
@@ -1583,9 +1586,7 @@ def _print_toggle(args: argparse.Namespace, res: dict[str, Any]) -> None:
         on = [m["first"] for m in rows["on"]]
         off = [m["first"] for m in rows["off"]]
         off2 = [m["first"] for m in rows["off2"]]
-        base_ = [(a * b) ** 0.5 for a, b in zip(off, off2, strict=True)]
-        ratios = [c / n for c, n in zip(on, base_, strict=True)]
-        aa = [b / a for a, b in zip(off, off2, strict=True)]
+        base_, ratios, aa = _toggle_ratios(rows)
         tail = [m["saved"] - m["first"] for m in rows["on"]]
         print(
             f"  {what:<5} medians: off {statistics.median(off) * scale:.1f} {unit}, off2 "

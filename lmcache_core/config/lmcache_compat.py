@@ -413,6 +413,12 @@ def _is_default(spec: LMCacheKey, value: Any) -> bool:
     return bool(value == spec.default)
 
 
+def _directories(value: Any) -> list[str]:
+    """The directories of an LMCache path setting: comma-separated, ``file://`` stripped."""
+    parts = [p.strip() for p in str(value).split(",") if p.strip()]
+    return [p[len("file://") :] if p.startswith("file://") else p for p in parts]
+
+
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """``LMCACHE_<KEY>`` variables (LMCache lets them override the file)."""
     out: dict[str, Any] = {}
@@ -533,8 +539,7 @@ def from_lmcache(
         )
     disk = get("local_disk")
     if disk:
-        paths = [p.strip() for p in str(disk).split(",") if p.strip()]
-        paths = [p[len("file://") :] if p.startswith("file://") else p for p in paths]
+        paths = _directories(disk)
         size = _float(get("max_local_disk_size"), "max_local_disk_size")
         if size <= 0:
             notes.append(
@@ -559,8 +564,7 @@ def from_lmcache(
                 notes.append(("local_disk", f"only {paths[0]} is used, not {', '.join(paths[1:])}"))
     gds = get("gds_path")
     if gds:
-        gds_paths = [p.strip() for p in str(gds).split(",") if p.strip()]
-        gds_paths = [p[len("file://") :] if p.startswith("file://") else p for p in gds_paths]
+        gds_paths = _directories(gds)
         if gds_paths:
             gds_options: dict[str, Any] = (
                 {"path": gds_paths[0]} if len(gds_paths) == 1 else {"paths": gds_paths}
